@@ -1,0 +1,60 @@
+"""Start a merge run from the command line: one Prefect API, quiet consoles, the summary at the end."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+NOISY_ON_CONSOLE = ("prefect.flow_runs", "prefect.task_runs", "prefect.engine", "prefect.task_engine",
+                    "prefect.flow_engine", "prefect._internal")
+
+
+class _ConsoleFilter(logging.Filter):
+    """Keep per-run Prefect chatter (and its failure tracebacks) off the terminal; the API still gets it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith(NOISY_ON_CONSOLE)
+
+
+def quiet_console(debug: bool) -> None:
+    if debug:
+        return
+    from prefect.logging.configuration import setup_logging
+
+    setup_logging()
+    for logger in (logging.getLogger(), logging.getLogger("prefect")):
+        for handler in logger.handlers:
+            if type(handler).__name__ in ("PrefectConsoleHandler", "StreamHandler", "_SafeStreamHandler"):
+                handler.addFilter(_ConsoleFilter())
+
+
+def flush_api_logs() -> None:
+    """Send buffered run logs while the server is still up (else: 'Error logging to API')."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=5)
+    EventsWorker.drain_all(timeout=5)
+
+
+def run_merge(args, output_prefix: str) -> int:
+    from flows.server import prefect_api
+
+    with prefect_api(ui=args.debug) as api_url:
+        quiet_console(args.debug)
+        from flows.merge import merge_flow
+
+        print(f"merging {args.pipeline} -> {output_prefix} (Prefect API {api_url})", file=sys.stderr)
+        try:
+            summary = merge_flow(
+                pipeline=os.path.abspath(args.pipeline), output_prefix=output_prefix,
+                skip_existing=not args.overwrite, overwrite=args.overwrite, max_inflight=args.max_inflight or 32,
+                fail_fast=args.fail_fast, datasets_dir=args.datasets_dir, retries=args.retries,
+                use_ray=args.use_ray, ray_address=args.ray_address, task_cpus=args.task_cpus,
+                task_memory_gb=args.task_memory_gb)
+        finally:
+            flush_api_logs()
+    from tasks.summary import Summary
+
+    print("\n".join(Summary(**summary).lines()))
+    return 0

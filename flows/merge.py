@@ -1,0 +1,135 @@
+"""The merge flow: plan -> per shard: merge op 0 -> op 1 -> ... -> verify -> summary.
+
+Run it with `sidecar-ops run PIPELINE.yaml ...` or `python flows/merge.py PIPELINE.yaml ...`.
+"""
+from __future__ import annotations
+
+import queue
+import time
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from tasks.config import check_output_prefix, load_pipeline
+from tasks.merge import Job
+from tasks.plan import make_plan, refuse_stale
+from tasks.prefect_tasks import merge_step, verify_step
+from tasks.progress import Progress
+from tasks.summary import RunFailed, Summary
+
+DEFAULT_MAX_INFLIGHT = 64
+
+
+def one_line(exc: BaseException | None) -> str:
+    text = str(exc) if exc is not None else "unknown failure"
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def final_state(future):
+    """The state the task ended in. `wait()` first: `.state` alone may ask the API, which can lag behind."""
+    future.wait()
+    return future.state
+
+
+def chain_error(futures: list) -> str:
+    """The first failure along one shard's chain (later steps only say their upstream failed)."""
+    for future in futures:
+        state = final_state(future)
+        if state.is_failed() or state.is_crashed():
+            return one_line(state.result(raise_on_failure=False))
+    return one_line(final_state(futures[-1]).result(raise_on_failure=False))
+
+
+def submit_shard(runner, job: Job, relpath: str, retries: int) -> list:
+    """Submit the chain of one shard; returns its futures, the verify future last."""
+    futures, upstream = [], None
+    for index in range(len(job.pipeline.operations)):
+        step = merge_step.with_options(retries=retries)
+        upstream = runner.submit(step, {"job": job, "relpath": relpath, "index": index, "state": upstream})
+        futures.append(upstream)
+    futures.append(runner.submit(verify_step.with_options(retries=retries),
+                                 {"job": job, "relpath": relpath, "stats": upstream}))
+    return futures
+
+
+def run_shards(runner, job: Job, todo: list[str], summary: Summary, max_inflight: int, fail_fast: bool,
+               retries: int, progress: Progress) -> None:
+    """A sliding window of at most `max_inflight` shard chains; each shard's futures go once it is done."""
+    finished: queue.Queue = queue.Queue()
+    inflight: dict[str, list] = {}
+
+    def collect_one() -> None:
+        relpath = finished.get()
+        futures = inflight.pop(relpath)
+        state = final_state(futures[-1])
+        if state.is_completed():
+            stats = state.result()
+            summary.merged += 1
+            summary.rows += stats.rows
+            summary.bytes += stats.bytes
+            summary.ops_skipped += stats.skipped_ops
+            progress.update(done=1, rows=stats.rows)
+        else:
+            summary.failed.append((relpath, chain_error(futures)))
+            progress.update(failed=1)
+
+    for relpath in todo:
+        while len(inflight) >= max_inflight:
+            collect_one()
+        if fail_fast and summary.failed:
+            break
+        inflight[relpath] = futures = submit_shard(runner, job, relpath, retries)
+        futures[-1].add_done_callback(lambda _f, rel=relpath: finished.put(rel))
+    while inflight:
+        collect_one()
+
+
+@flow(name="sidecar-merge", flow_run_name="merge {pipeline}", log_prints=False, validate_parameters=True)
+def merge_flow(pipeline: str, output_prefix: str, skip_existing: bool = True, overwrite: bool = False,
+               max_inflight: int = DEFAULT_MAX_INFLIGHT, fail_fast: bool = False, datasets_dir: str | None = None,
+               retries: int = 1, use_ray: bool = False, ray_address: str | None = None,
+               task_cpus: float | None = None, task_memory_gb: float | None = None,
+               max_workers: int | None = None) -> dict:
+    """Merge every shard of PIPELINE's base sidecar with its score sidecars into `output_prefix`."""
+    logger = get_run_logger()
+    start = time.monotonic()
+    pipe = load_pipeline(pipeline, datasets_dir)
+    job = Job(pipe, output_prefix)
+    check_output_prefix(pipe, output_prefix)
+    plan = make_plan(job, overwrite=overwrite or not skip_existing)
+    if not overwrite:
+        refuse_stale(plan)
+    summary = Summary(output_prefix, total=len(plan.shards), skipped=len(plan.complete))
+    logger.info("%d shards: %d complete, %d to merge (%d operations each) into %s", summary.total,
+                summary.skipped, len(plan.todo), len(pipe.operations), output_prefix)
+    progress = Progress("merge", summary.total)
+    progress.update(skipped=summary.skipped)
+    if plan.todo:
+        with make_runner(use_ray, ray_address, max_workers, task_cpus, task_memory_gb) as runner:
+            run_shards(runner, job, plan.todo, summary, max(1, max_inflight), fail_fast, retries, progress)
+    progress.close()
+    summary.seconds = time.monotonic() - start
+    create_markdown_artifact(key="merge-summary", markdown="```\n" + "\n".join(summary.lines()) + "\n```",
+                             description=f"merge of {pipeline}")
+    if not summary.ok:
+        raise RunFailed(summary)
+    return summary.to_dict()
+
+
+def make_runner(use_ray: bool, ray_address: str | None, max_workers: int | None, task_cpus: float | None,
+                task_memory_gb: float | None):
+    if not use_ray:
+        return ThreadPoolTaskRunner(max_workers=max_workers)
+    from flows.runners import make_task_runner
+
+    return make_task_runner(use_ray=True, ray_address=ray_address, max_workers=max_workers,
+                            task_cpus=task_cpus, task_memory_gb=task_memory_gb)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from flows.cli import main
+
+    sys.exit(main(["run", *sys.argv[1:]]))

@@ -1,0 +1,162 @@
+"""Dataset and pipeline YAML: validated models, dataset resolution and the pipeline fingerprint."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks import storage
+from tasks.coltypes import ColumnType, builtin_types, parse_type
+from tasks.ops import OPERATIONS, Operation
+from tasks.yamlsrc import ConfigError, Fields, display_path, load_yaml
+
+
+@dataclass(frozen=True)
+class Extension:
+    name: str
+    type: ColumnType
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    path: str
+    main_prefix: str
+    sidecar_prefix: str
+    key_column: str
+    image_column: str | None
+    browse: bool = False
+    source_inference: dict = field(default_factory=dict)
+    schema_extensions: tuple[Extension, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    path: str
+    dataset: Dataset
+    operations: tuple[Operation, ...]
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of everything that decides the output's content (not where it is written)."""
+        ds = self.dataset
+        doc = {
+            "dataset": {
+                "name": ds.name, "main_prefix": ds.main_prefix, "key_column": ds.key_column,
+                "image_column": ds.image_column, "source_inference": ds.source_inference,
+                "schema_extensions": [[e.name, e.type.name, e.type.to_dict()] for e in ds.schema_extensions],
+            },
+            "operations": [op.to_dict() for op in self.operations],
+        }
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+    def prefixes(self) -> list[tuple[str, str]]:
+        """(what, prefix) for every read-only input."""
+        out = [("main_prefix", self.dataset.main_prefix)]
+        out += [(f"operations[{i}].source_prefix", op.source_prefix) for i, op in enumerate(self.operations)]
+        return out
+
+
+def prefix_field(fields: Fields, key: str) -> str:
+    value = fields.name(key, what="prefix (s3://bucket/path/ or a local path)")
+    try:
+        return storage.normalize_prefix(value)
+    except ValueError as exc:
+        raise fields.fail(key, str(exc)) from None
+
+
+def load_dataset(path: str | Path) -> Dataset:
+    shown = display_path(path)
+    top = Fields(shown, load_yaml(path))
+    name = top.name("name", what="dataset name")
+    browse = top.get("browse", bool, required=False, default=False)
+    main_prefix = prefix_field(top, "main_prefix")
+    sidecar_prefix = prefix_field(top, "sidecar_prefix")
+    key_column = top.name("key_column")
+    image_column = top.name("image_column", required=False)
+    source_inference = top.get("source_inference", dict, required=False, default={})
+    types = dict(builtin_types())
+    user_types = top.get("schema_types", dict, required=False, default={})
+    for tname, body in user_types.items():
+        tpath = f"schema_types.{tname}"
+        if not isinstance(tname, str) or not tname.strip():
+            raise ConfigError(f"{shown}:{top.line_of('schema_types')}: schema_types: type names must be strings")
+        types[tname] = parse_type(shown, tname, body, tpath, user_types.item_lines.get(tname, top.line))
+    exts_raw = top.get("schema_extensions", list, required=False, default=[])
+    extensions, seen = [], {}
+    for i, item in enumerate(exts_raw):
+        ipath = f"schema_extensions[{i}]"
+        ext = Fields(shown, item, ipath, exts_raw.item_lines.get(i, top.line))
+        ename = ext.name("name")
+        tname = ext.name("type", what="type name")
+        ext.done()
+        if tname not in types:
+            raise ext.fail("type", f"unknown type {tname!r} (known: {', '.join(sorted(types))}; "
+                                   "declare new ones under schema_types)")
+        if ename in seen:
+            raise ext.fail("name", f"column {ename!r} is declared twice (also schema_extensions[{seen[ename]}])")
+        seen[ename] = i
+        extensions.append(Extension(ename, types[tname]))
+    top.done()
+    if image_column == key_column:
+        raise top.fail("image_column", "must differ from key_column")
+    return Dataset(name=name, path=shown, main_prefix=main_prefix, sidecar_prefix=sidecar_prefix,
+                   key_column=key_column, image_column=image_column, browse=browse,
+                   source_inference=dict(source_inference), schema_extensions=tuple(extensions))
+
+
+def resolve_dataset(ref: str, pipeline_path: Path, datasets_dir: str | None) -> Path:
+    """A dataset path, or a name looked up as datasets/<name>.yaml walking up from the pipeline's folder."""
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        candidate = Path(ref) if Path(ref).is_absolute() else pipeline_path.parent / ref
+        if candidate.exists():
+            return candidate
+        if Path(ref).exists():
+            return Path(ref)
+        raise FileNotFoundError(str(candidate))
+    if datasets_dir:
+        candidate = Path(datasets_dir) / f"{ref}.yaml"
+        if candidate.exists():
+            return candidate
+        raise FileNotFoundError(str(candidate))
+    for folder in [pipeline_path.resolve().parent, *pipeline_path.resolve().parents]:
+        candidate = folder / "datasets" / f"{ref}.yaml"
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"datasets/{ref}.yaml (searched upwards from {display_path(pipeline_path.parent)})")
+
+
+def load_pipeline(path: str | Path, datasets_dir: str | None = None) -> Pipeline:
+    path = Path(path)
+    shown = display_path(path)
+    top = Fields(shown, load_yaml(path))
+    ref = top.name("dataset", what="dataset name or path")
+    try:
+        dataset_path = resolve_dataset(ref, path, datasets_dir)
+    except FileNotFoundError as exc:
+        raise top.fail("dataset", f"unknown dataset {ref!r}: no file {display_path(str(exc))}") from None
+    dataset = load_dataset(dataset_path)
+    ops_raw = top.get("operations", list)
+    if not ops_raw:
+        raise top.fail("operations", "needs at least one operation")
+    operations = []
+    for i, item in enumerate(ops_raw):
+        op = Fields(shown, item, f"operations[{i}]", ops_raw.item_lines.get(i, top.line))
+        kind = op.name("type", what="operation type")
+        if kind not in OPERATIONS:
+            raise op.fail("type", f"unknown operation type {kind!r} (known: {', '.join(sorted(OPERATIONS))})")
+        operations.append(OPERATIONS[kind].from_yaml(op, dataset, prefix_field))
+        op.done()
+    top.done()
+    return Pipeline(path=shown, dataset=dataset, operations=tuple(operations))
+
+
+def check_output_prefix(pipeline: Pipeline, output_prefix: str) -> None:
+    """Refuse an output prefix equal to, inside or above any read-only input."""
+    for what, prefix in pipeline.prefixes():
+        if storage.inside(output_prefix, prefix) or storage.inside(prefix, output_prefix):
+            relation = ("equals" if output_prefix == prefix else
+                        "is inside" if storage.inside(output_prefix, prefix) else "contains")
+            raise ConfigError(f"output prefix {output_prefix} {relation} {what} {prefix}; inputs are read-only: "
+                              "choose a separate --output-prefix")

@@ -1,0 +1,62 @@
+"""`--dry-run`: validate, list, inspect sampled footers and print the plan. Writes nothing, starts no server."""
+from __future__ import annotations
+
+import sys
+
+from tasks.config import Pipeline
+from tasks.merge import Job
+from tasks.plan import inspect_schemas, make_plan
+
+SHOW = 5
+
+
+def _some(items: list[str]) -> str:
+    shown = ", ".join(items[:SHOW])
+    return shown + (f" and {len(items) - SHOW} more" if len(items) > SHOW else "")
+
+
+def dry_run(pipeline: Pipeline, output_prefix: str, samples: int = 20, overwrite: bool = False,
+            out=None) -> int:
+    out = out or sys.stdout
+    job = Job(pipeline, output_prefix)
+    plan = make_plan(job, overwrite=overwrite)
+    ds = pipeline.dataset
+    problems: list[str] = []
+    say = lambda line="": print(line, file=out)  # noqa: E731
+    say(f"pipeline:               {pipeline.path} (fingerprint {pipeline.fingerprint})")
+    say(f"dataset:                {ds.name} ({ds.path})")
+    say(f"main_prefix (base):     {ds.main_prefix}")
+    say(f"sidecar_prefix (yaml):  {ds.sidecar_prefix}")
+    say(f"output prefix (effective): {output_prefix}")
+    say(f"shards:                 {len(plan.shards)} (+{len(plan.base.others)} non-parquet objects ignored)")
+    for i, op in enumerate(pipeline.operations):
+        missing, extra = plan.missing_siblings(i), plan.extra_siblings(i)
+        say(f"operations[{i}]: {op.describe()} mode={op.mode} columns={list(op.columns or ['(all)'])}")
+        say(f"    siblings: {len(plan.sources[i].shards)} found, {len(missing)} missing, {len(extra)} extra "
+            "(extra ones are ignored)")
+        if missing:
+            line = f"operations[{i}] ({op.describe()}): {len(missing)} sibling shard(s) missing: {_some(missing)}"
+            (problems.append(line) if op.required else say(f"    skipped where missing (required: false): "
+                                                          f"{_some(missing)}"))
+    say(f"outputs complete:       {len(plan.complete)}")
+    say(f"shards to process:      {len(plan.todo)}")
+    if plan.broken:
+        say(f"outputs to recompute (untrusted): {_some([f'{r} ({why})' for r, why in plan.broken])}")
+    if plan.stale and not overwrite:
+        problems.append(f"{len(plan.stale)} existing output(s) were written by a different pipeline: "
+                        f"{_some([r for r, _ in plan.stale])} (a real run refuses; use --overwrite)")
+    if plan.output_strays:
+        say(f"other objects already in the output prefix: {_some(plan.output_strays)}")
+    schema, schema_problems = inspect_schemas(plan, samples)
+    problems += schema_problems
+    say(f"output schema (from footers of {min(samples, len(plan.shards))} sampled shards):")
+    for field in schema or []:
+        say(f"    {field.name}: {field.type}")
+    if problems:
+        say(f"PROBLEMS ({len(problems)}):")
+        for line in problems:
+            say(f"  - {line}")
+        say("dry run: nothing written; fix the problems above before running")
+        return 1
+    say("dry run OK: nothing written")
+    return 0

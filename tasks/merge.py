@@ -1,0 +1,170 @@
+"""The per-shard merge kernel: pure pyarrow, no Prefect, no Ray.
+
+A shard goes read_base -> apply_step(0) -> apply_step(1) ... -> write_output -> verify_output. The state
+between steps is a `ShardState` (the table plus provenance records); everything else is plain values.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tasks import storage
+from tasks.config import Pipeline
+from tasks.errors import ShardError
+
+PROVENANCE_KEY = b"sidecar_ops"
+
+
+def tool_version() -> str:
+    try:
+        return version("sidecar-ops")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a shard task needs, as small plain values."""
+
+    pipeline: Pipeline
+    output_prefix: str
+
+    @property
+    def fingerprint(self) -> str:
+        return self.pipeline.fingerprint
+
+    def base_uri(self, relpath: str) -> str:
+        return self.pipeline.dataset.main_prefix + relpath
+
+    def output_uri(self, relpath: str) -> str:
+        return self.output_prefix + relpath
+
+
+@dataclass
+class ShardState:
+    table: pa.Table
+    row_group_size: int | None
+    records: list[dict] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    relpath: str
+    rows: int
+    bytes: int
+    skipped_ops: int = 0
+    seconds: float = 0.0
+
+
+def _fail(relpath: str, where: str, exc: BaseException) -> ShardError:
+    if isinstance(exc, ShardError):
+        return ShardError(f"shard {relpath}: {where}: {exc}", exc.transient)
+    return ShardError(f"shard {relpath}: {where}: {type(exc).__name__}: {exc}", transient=True)
+
+
+def read_base(job: Job, relpath: str) -> ShardState:
+    """The base shard without the image column (a sidecar never carries image bytes)."""
+    uri = job.base_uri(relpath)
+    image = job.pipeline.dataset.image_column
+    try:
+        with storage.open_parquet(uri) as f:
+            pf = pq.ParquetFile(f)
+            names = [n for n in pf.schema_arrow.names if n != image]
+            table = pf.read(columns=names, use_threads=True)
+            groups = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+    except Exception as exc:  # corrupt, vanished or unreadable: say which shard
+        raise _fail(relpath, f"reading base shard {uri}", exc) from exc
+    return ShardState(table, max(groups) if groups else None)
+
+
+def apply_step(job: Job, relpath: str, index: int, state: ShardState) -> ShardState:
+    op = job.pipeline.operations[index]
+    try:
+        table, record = op.apply(state.table, job.pipeline.dataset, relpath)
+    except Exception as exc:
+        raise _fail(relpath, f"operations[{index}] ({op.describe()})", exc) from exc
+    return ShardState(table, state.row_group_size, [*state.records, record])
+
+
+def provenance(job: Job, records: list[dict]) -> dict:
+    ds = job.pipeline.dataset
+    return {"fingerprint": job.fingerprint, "dataset": ds.name, "main_prefix": ds.main_prefix,
+            "source_inference": ds.source_inference, "operations": records,
+            "tool": "sidecar-ops", "tool_version": tool_version(),
+            "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def check_extensions(job: Job, schema: pa.Schema, allow_missing: bool = False) -> None:
+    for ext in job.pipeline.dataset.schema_extensions:
+        if ext.name not in schema.names:
+            if allow_missing:
+                continue
+            raise ShardError(f"declared extension column {ext.name!r} ({ext.type.name}) is missing from the output")
+        problem = ext.type.problem(schema.field(ext.name).type)
+        if problem:
+            raise ShardError(f"column {ext.name!r}: {problem}")
+
+
+def write_output(job: Job, relpath: str, state: ShardState) -> ShardStats:
+    skipped = sum(r.get("status") == "skipped_missing_sibling" for r in state.records)
+    table = state.table
+    try:
+        check_extensions(job, table.schema, allow_missing=skipped > 0)
+        meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"pandas"}
+        meta[PROVENANCE_KEY] = json.dumps(provenance(job, state.records), sort_keys=True).encode()
+        nbytes = storage.write_atomic(table.replace_schema_metadata(meta), job.output_uri(relpath),
+                                      row_group_size=state.row_group_size)
+    except Exception as exc:
+        raise _fail(relpath, f"writing {job.output_uri(relpath)}", exc) from exc
+    return ShardStats(relpath, table.num_rows, nbytes, skipped)
+
+
+def merge_shard(job: Job, relpath: str) -> ShardStats:
+    """The whole chain for one shard, in one call (tests and benchmarks use this directly)."""
+    start = time.perf_counter()
+    state = read_base(job, relpath)
+    for index in range(len(job.pipeline.operations)):
+        state = apply_step(job, relpath, index, state)
+    stats = write_output(job, relpath, state)
+    verify_output(job, relpath, stats)
+    return ShardStats(stats.relpath, stats.rows, stats.bytes, stats.skipped_ops, time.perf_counter() - start)
+
+
+def read_provenance(metadata: pq.FileMetaData) -> dict | None:
+    raw = (metadata.metadata or {}).get(PROVENANCE_KEY)
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def verify_output(job: Job, relpath: str, stats: ShardStats) -> ShardStats:
+    """Re-read the written shard's footer and key column: rows and keys equal the base, types conform."""
+    uri = job.output_uri(relpath)
+    key = job.pipeline.dataset.key_column
+    try:
+        with storage.open_parquet(uri) as f:
+            pf = pq.ParquetFile(f)
+            prov = read_provenance(pf.metadata)
+            if not prov or prov.get("fingerprint") != job.fingerprint:
+                raise ShardError("provenance fingerprint missing or different from this pipeline's")
+            if pf.metadata.num_rows != stats.rows:
+                raise ShardError(f"output has {pf.metadata.num_rows} rows, expected {stats.rows}")
+            check_extensions(job, pf.schema_arrow, allow_missing=stats.skipped_ops > 0)
+            written = pf.read(columns=[key])[key]
+        with storage.open_parquet(job.base_uri(relpath)) as f:
+            base = pq.ParquetFile(f).read(columns=[key])[key]
+        if len(base) != len(written) or not pc.all(pc.equal(base, written)).as_py():
+            raise ShardError(f"key column {key!r} of the output differs from the base")
+    except Exception as exc:
+        raise _fail(relpath, f"verifying {uri}", exc) from exc
+    return stats

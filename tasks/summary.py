@@ -1,0 +1,52 @@
+"""The end-of-run summary: counts, rows, bytes, wall time and one line per failed shard."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+FAILED_LINES = 20
+
+
+@dataclass
+class Summary:
+    output_prefix: str
+    total: int = 0
+    merged: int = 0
+    skipped: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (relpath, one-line error)
+    rows: int = 0
+    bytes: int = 0
+    ops_skipped: int = 0  # operations with `required: false` whose sibling was missing
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def lines(self) -> list[str]:
+        rate = self.rows / self.seconds if self.seconds else 0.0
+        out = [f"output: {self.output_prefix}",
+               f"shards: {self.total} total, {self.merged} merged, {self.skipped} skipped (already complete), "
+               f"{len(self.failed)} failed",
+               f"rows merged: {self.rows:,}  bytes written: {self.bytes:,}  wall time: {self.seconds:.1f}s  "
+               f"({rate:,.0f} rows/s)"]
+        if self.ops_skipped:
+            out.append(f"operations skipped for missing siblings (required: false): {self.ops_skipped}")
+        for rel, message in self.failed[:FAILED_LINES]:
+            out.append(f"FAILED {rel}: {message}")
+        if len(self.failed) > FAILED_LINES:
+            out.append(f"... and {len(self.failed) - FAILED_LINES} more failed shards")
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RunFailed(RuntimeError):
+    """Raised at the end of a run in which shards failed, carrying the summary."""
+
+    def __init__(self, summary: Summary):
+        super().__init__(f"{len(summary.failed)} of {summary.total} shards failed")
+        self.summary = summary
+
+    def __reduce__(self):
+        return (type(self), (self.summary,))

@@ -1,0 +1,96 @@
+"""Shared fixtures: moto S3 in server mode on loopback, one real Prefect API, storage roots, CLI runner."""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import uuid
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+# Test credentials for moto; never real ones.
+os.environ["AWS_ACCESS_KEY_ID"] = "testing-key-id"
+os.environ["AWS_SECRET_ACCESS_KEY"] = "testing-secret-key"
+os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
+os.environ.pop("AWS_PROFILE", None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    """moto in server mode on 127.0.0.1; s3fs reaches it through AWS_ENDPOINT_URL like any S3 store."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    yield endpoint
+    server.stop()
+    os.environ.pop("AWS_ENDPOINT_URL", None)
+
+
+@pytest.fixture
+def s3_root(moto_endpoint):
+    """A fresh bucket for one test, as an s3:// prefix."""
+    import boto3
+
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/"
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path):
+    """The same test over a local folder and an S3 bucket on moto."""
+    if request.param == "local":
+        return str(tmp_path / "data") + "/"
+    return request.getfixturevalue("s3_root")
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """One real local Prefect API for the whole session."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield PREFECT_API_URL.value()
+
+
+def snapshot(prefix: str) -> dict[str, str]:
+    """relpath -> md5 of every object under a prefix (to prove inputs were not touched)."""
+    from tasks import storage
+
+    fs, path = storage.filesystem(prefix)
+    try:
+        found = fs.find(path)
+    except FileNotFoundError:
+        return {}
+    strip = len(path)
+    return {p[strip:].lstrip("/"): hashlib.md5(fs.cat_file(p)).hexdigest() for p in found}
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """Run `sidecar-ops ARGS...` in-process; returns (exit code, stdout, stderr)."""
+    from flows.cli import main
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
