@@ -54,8 +54,10 @@ def _list(prefix: str, what: str) -> storage.Listing:
         raise ConfigError(f"cannot list {what} {prefix}: {exc}") from None
 
 
-def _output_status(job: Job, relpath: str) -> tuple[str, str]:
-    """('complete'|'stale'|'broken', detail) for an existing output shard, from footers only."""
+def output_status(job: Job, relpath: str) -> tuple[str, str]:
+    """('complete'|'stale'|'broken', detail) for an existing output shard, from footers only.
+
+    For a complete shard the detail is its row count."""
     try:
         out = storage.read_footer(job.output_uri(relpath))
     except Exception as exc:
@@ -71,7 +73,7 @@ def _output_status(job: Job, relpath: str) -> tuple[str, str]:
         return "broken", f"base footer unreadable: {type(exc).__name__}"
     if out.num_rows != base_rows:
         return "broken", f"{out.num_rows} rows, base has {base_rows}"
-    return "complete", ""
+    return "complete", str(out.num_rows)
 
 
 def make_plan(job: Job, overwrite: bool = False) -> Plan:
@@ -91,7 +93,7 @@ def make_plan(job: Job, overwrite: bool = False) -> Plan:
         plan.todo = list(base.shards)
         return plan
     with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-        statuses = dict(zip(existing, pool.map(lambda rel: _output_status(job, rel), existing)))
+        statuses = dict(zip(existing, pool.map(lambda rel: output_status(job, rel), existing)))
     for rel in base.shards:
         status, detail = statuses.get(rel, ("missing", ""))
         if status == "complete":

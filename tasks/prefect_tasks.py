@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import task_run
+from prefect.states import Completed
 
 from tasks import merge
 from tasks.errors import ShardError
@@ -24,9 +26,24 @@ SHARD_TASK = dict(persist_result=False, cache_policy=NO_CACHE, retries=1, retry_
                   retry_condition_fn=worth_retrying, log_prints=False)
 
 
+def finished_earlier(job: Job, relpath: str):
+    """On a retry, an earlier attempt may have written the shard before dying: trust it only if complete."""
+    from tasks.plan import output_status
+
+    status, rows = output_status(job, relpath)
+    if status != "complete":
+        return None
+    return Completed(name="Cached", message="output shard already complete",
+                     data=ShardStats(relpath, rows=int(rows), bytes=0))
+
+
 @task(name="merge", task_run_name="merge[{index}] {relpath}", **SHARD_TASK)
 def merge_step(job: Job, relpath: str, index: int, state: ShardState | None = None) -> ShardState | ShardStats:
     """Operation `index` on one shard: the first step reads the base, the last one writes the output."""
+    if isinstance(state, ShardStats):
+        return state  # an upstream attempt found the shard already written
+    if task_run.run_count > 1 and (cached := finished_earlier(job, relpath)) is not None:
+        return cached
     if state is None:
         state = merge.read_base(job, relpath)
     state = merge.apply_step(job, relpath, index, state)
