@@ -6,6 +6,7 @@ to the dataset by name, and returns a `Setup` with every prefix and path a test 
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,10 @@ import yaml
 
 from tasks import storage
 from tasks.demo import FILTERS, make_dataset
+
+# moto's server runs in the test process; its per-request INFO lines would otherwise reach the console
+# handlers Prefect installs during an in-process `sidecar-ops run` (and a closed capsys stream afterwards).
+logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
 FILTER_EXTENSIONS = [{"name": f"filter_{f}", "type": f"filter_{f}_v1"} for f in FILTERS]
 SCORE_EXTENSIONS = [{"name": "dqm_d1_v6_1", "type": "dqm_score_v1"},
@@ -137,3 +142,11 @@ def expected_output(setup: Setup, relpath: str, columns: list[tuple[str, str]]) 
         src = read_table(setup.prefixes[sidecar] + relpath)
         base = base.append_column(src.schema.field(col), src[col])
     return base.replace_schema_metadata(None)
+
+
+def swap_rows_fn(uri: str, i: int, j: int) -> None:
+    """Rewrite a shard in place with rows i and j swapped (a sidecar whose order drifted)."""
+    table = read_table(uri).replace_schema_metadata(None)
+    order = list(range(table.num_rows))
+    order[i], order[j] = order[j], order[i]
+    write_table(table.take(order), uri)
