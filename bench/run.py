@@ -1,0 +1,138 @@
+"""sidecar-ops benchmarks: generate data locally, run every workload, print medians and ratios.
+
+    python bench/run.py [--size smoke|small|full] [--only W1,W3]
+
+Data goes under bench/data/<size>/ (gitignored, reused when its parameters match); results go to
+bench/out/results.json. W0 fixed cost, W1 merge kernel vs floor and peers, W2 orchestration (thread
+runner vs Ray), W3 resume, W4 scale and memory, W5 S3 request counts. Ratios are against a floor
+measured in the same run; values are medians of `repeats` runs. Nothing here asserts a time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+
+SIZES = {
+    "smoke": dict(repeats=1, w0_rows=100, w1_shards=2, w1_rows=2_000, w2_shards=6, w2_repeats=1, w3_shards=6,
+                  w4_dry_shards=[200], w4_mem_rows=2_000, w4_driver_shards=[5, 20], w5_shards=2, w5_rows=1_000,
+                  ray_overhead_tasks=0),
+    "small": dict(repeats=3, w0_rows=1_000, w1_shards=4, w1_rows=50_000, w2_shards=100, w2_repeats=3,
+                  w3_shards=100, w4_dry_shards=[10_000], w4_mem_rows=25_000, w4_driver_shards=[100, 1_000],
+                  w5_shards=2, w5_rows=25_000, ray_overhead_tasks=50),
+    "full": dict(repeats=3, w0_rows=1_000, w1_shards=16, w1_rows=250_000, w2_shards=1_000, w2_repeats=3,
+                 w3_shards=1_000, w4_dry_shards=[10_000, 100_000], w4_mem_rows=250_000,
+                 w4_driver_shards=[1_000, 4_000], w5_shards=4, w5_rows=50_000, ray_overhead_tasks=50),
+}
+WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5")
+NEEDS_SERVER = {"W1", "W2", "W3", "W4", "W5"}
+
+
+def machine() -> dict:
+    mem = next((int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal")), 0)
+    versions = {}
+    for mod in ("pyarrow", "prefect", "prefect_ray", "ray", "s3fs", "duckdb", "pandas"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - a missing extra is reported, not fatal
+            versions[mod] = None
+    return {"cpus": os.cpu_count(), "mem_gib": round(mem / 2**20, 1), "python": platform.python_version(),
+            "platform": platform.platform(), "loadavg_start": os.getloadavg(), "versions": versions}
+
+
+def fmt_value(row: dict) -> str:
+    v = row["value"]
+    if v != v:  # nan
+        return "-"
+    if row["unit"] in ("reads", "req") and float(v).is_integer():
+        return f"{int(v):,} {row['unit']}"
+    return f"{v:,.3f} {row['unit']}" if abs(v) < 100 else f"{v:,.1f} {row['unit']}"
+
+
+def table(rows: list[dict]) -> str:
+    head = ["workload", "measure", "median", "ratio", "goal", "met", "note"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        ratio = f"{r['ratio']:.2f}x {r['ref'].split(':')[0]}" if r.get("ratio") is not None else ""
+        met = {True: "yes", False: "NO", None: ""}[r.get("met")]
+        lines.append("| " + " | ".join([r["workload"], r["name"], fmt_value(r), ratio, r.get("goal") or "", met,
+                                         r.get("note", "")]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", choices=SIZES, default="small")
+    p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads (default: all)")
+    p.add_argument("--out", default=str(BENCH / "out" / "results.json"))
+    p.add_argument("--data", default=None, help="where data and Prefect homes go (default bench/data/SIZE)")
+    args = p.parse_args(argv)
+    size = SIZES[args.size]
+    chosen = [w.strip().upper() for w in args.only.split(",") if w.strip()]
+    data = Path(args.data) if args.data else BENCH / "data" / args.size
+    data.mkdir(parents=True, exist_ok=True)
+    # Our own Prefect home (never the user's), quiet and offline, set before Prefect is imported.
+    os.environ["PREFECT_HOME"] = str(data / "prefect-home")
+    for key, value in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+                       "RAY_USAGE_STATS_ENABLED": "0", "PREFECT_LOGGING_LEVEL": "WARNING",
+                       "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL", "PREFECT_UI_ENABLED": "false"}.items():
+        os.environ.setdefault(key, value)
+    os.environ.pop("PREFECT_API_URL", None)
+
+    import importlib
+
+    from bench.workloads.common import ratio_rows
+    from bench.workloads.flowrun import prefect_session
+
+    started = time.time()
+    info = machine()
+    rows, errors, seconds = [], {}, {}
+    modules = {"W0": "w0_fixed", "W1": "w1_kernel", "W2": "w2_orch", "W3": "w3_resume", "W4": "w4_scale",
+               "W5": "w5_s3"}
+    with prefect_session() if NEEDS_SERVER & set(chosen) else _nothing():
+        for w in chosen:
+            print(f"[bench] {w} ({args.size}) ...", file=sys.stderr, flush=True)
+            t0 = time.time()
+            try:
+                mod = importlib.import_module(f"bench.workloads.{modules[w]}")
+                got = mod.run(data, size)
+                ratio_rows(got)
+                rows += [r.to_dict() for r in got]
+            except Exception as exc:  # noqa: BLE001 - one workload failing must not hide the others
+                errors[w] = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
+            seconds[w] = round(time.time() - t0, 1)
+            print(f"[bench] {w} done in {seconds[w]} s", file=sys.stderr, flush=True)
+    info["loadavg_end"] = os.getloadavg()
+    result = {"size": args.size, "params": size, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": info, "workload_seconds": seconds, "total_seconds": round(time.time() - started, 1),
+              "errors": errors, "rows": rows}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str))
+    print(table(rows))
+    for w, err in errors.items():
+        print(f"{w} FAILED: {err}")
+    print(f"\nresults: {out}  ({result['total_seconds']} s; load {info['loadavg_start']} -> {info['loadavg_end']})")
+    return 1 if errors else 0
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmark workloads W0-W5 for sidecar-ops; `python bench/run.py` runs them all."""

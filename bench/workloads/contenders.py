@@ -1,0 +1,97 @@
+"""The W1 contenders: each merges every shard of a case (DQM + AES into the base) into an output folder.
+
+floor    minimal pyarrow: read base, read only the two score columns, append, write (zstd, same row groups)
+kernel   tasks.merge.merge_shard (read, align-check, write atomically, verify_output), shard after shard
+kernel_noverify   the same chain without verify_output (the like-for-like comparison with the floor)
+pandas   pd.read_parquet (pyarrow dtypes) + merge on the keys + to_parquet (zstd, same row groups)
+duckdb   COPY (base POSITIONAL JOIN dqm POSITIONAL JOIN aes) TO parquet (zstd, same row groups)
+"""
+from __future__ import annotations
+
+import os
+
+import pyarrow.parquet as pq
+
+from bench.workloads.data import Case
+
+
+def _row_group(path: str) -> int:
+    md = pq.ParquetFile(path).metadata
+    return max(md.row_group(i).num_rows for i in range(md.num_row_groups))
+
+
+def _dest(out: str, rel: str) -> str:
+    path = out + rel
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
+
+
+def floor(case: Case, out: str) -> None:
+    for rel in case.relpaths:
+        pf = pq.ParquetFile(case.path("base", rel))
+        table = pf.read(use_threads=True)
+        groups = max(pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups))
+        dqm = pq.ParquetFile(case.path("dqm", rel)).read(columns=["dqm_d1_v6_1"], use_threads=True)
+        aes = pq.ParquetFile(case.path("aes", rel)).read(columns=["ernie_image_aes"], use_threads=True)
+        table = table.append_column(dqm.field(0), dqm.column(0)).append_column(aes.field(0), aes.column(0))
+        pq.write_table(table, _dest(out, rel), compression="zstd", row_group_size=groups)
+
+
+def _job(case: Case, out: str):
+    from tasks.config import load_pipeline
+    from tasks.merge import Job
+
+    return Job(load_pipeline(case.pipeline), out)
+
+
+def kernel(case: Case, out: str) -> None:
+    from tasks.merge import merge_shard
+
+    job = _job(case, out)
+    for rel in case.relpaths:
+        merge_shard(job, rel)
+
+
+def kernel_noverify(case: Case, out: str) -> None:
+    from tasks.merge import apply_step, read_base, write_output
+
+    job = _job(case, out)
+    for rel in case.relpaths:
+        state = read_base(job, rel)
+        for index in range(len(job.pipeline.operations)):
+            state = apply_step(job, rel, index, state)
+        write_output(job, rel, state)
+
+
+def pandas(case: Case, out: str) -> None:
+    import pandas as pd
+
+    for rel in case.relpaths:
+        base = pd.read_parquet(case.path("base", rel), dtype_backend="pyarrow")
+        dqm = pd.read_parquet(case.path("dqm", rel), columns=["image_key", "dqm_d1_v6_1"], dtype_backend="pyarrow")
+        aes = pd.read_parquet(case.path("aes", rel), columns=["s3_image_path", "ernie_image_aes"],
+                              dtype_backend="pyarrow")
+        merged = base.merge(dqm, on="image_key", how="left").merge(aes, on="s3_image_path", how="left")
+        merged.to_parquet(_dest(out, rel), compression="zstd", row_group_size=_row_group(case.path("base", rel)),
+                          index=False)
+
+
+def duckdb(case: Case, out: str) -> None:
+    import duckdb as ddb
+
+    con = ddb.connect()
+    try:
+        for rel in case.relpaths:
+            b, d, a = (case.path(s, rel).replace("'", "''") for s in ("base", "dqm", "aes"))
+            dest = _dest(out, rel).replace("'", "''")
+            con.execute(
+                f"COPY (SELECT * FROM read_parquet('{b}') "
+                f"POSITIONAL JOIN (SELECT dqm_d1_v6_1 FROM read_parquet('{d}')) "
+                f"POSITIONAL JOIN (SELECT ernie_image_aes FROM read_parquet('{a}'))) "
+                f"TO '{dest}' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {_row_group(case.path('base', rel))})")
+    finally:
+        con.close()
+
+
+CONTENDERS = {"floor": floor, "kernel": kernel, "kernel_noverify": kernel_noverify, "pandas": pandas,
+              "duckdb": duckdb}

@@ -1,0 +1,191 @@
+"""Counting what storage reads: a wrapper around tasks.storage.filesystem (local files, in-process) and a
+tiny HTTP proxy in front of moto (S3 requests by type, from any process).
+
+A read is a *footer read* when it reaches the last 8 bytes of the file (pyarrow reads parquet footers
+from the tail); any other read touches column data.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import http.client
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+
+class ReadLog:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.opens = 0
+        self.footer_reads = self.data_reads = 0
+        self.footer_bytes = self.data_bytes = 0
+        self.files: set[str] = set()
+
+    def add(self, path: str, start: int, n: int, size: int) -> None:
+        with self.lock:
+            if start + n >= size - 8:
+                self.footer_reads += 1
+                self.footer_bytes += n
+            else:
+                self.data_reads += 1
+                self.data_bytes += n
+            self.files.add(path)
+
+
+class CountingFile:
+    def __init__(self, f, path: str, log: ReadLog):
+        self._f, self._path, self._log = f, path, log
+        self._size = os.path.getsize(path)
+
+    def read(self, n=-1):
+        start = self._f.tell()
+        data = self._f.read(n)
+        self._log.add(self._path, start, len(data), self._size)
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+
+class CountingFS:
+    def __init__(self, fs, log: ReadLog):
+        self._fs, self._log = fs, log
+
+    def open(self, path, mode="rb", **kwargs):
+        f = self._fs.open(path, mode, **kwargs)
+        if "r" not in mode:
+            return f
+        with self._log.lock:
+            self._log.opens += 1
+        return CountingFile(f, path, self._log)
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+
+@contextlib.contextmanager
+def count_local_reads():
+    """Count every read made through tasks.storage in this process (thread-runner tasks included)."""
+    from tasks import storage
+
+    log, real = ReadLog(), storage.filesystem
+
+    def filesystem(uri):
+        fs, path = real(uri)
+        return (CountingFS(fs, log), path) if not storage.is_s3(uri) else (fs, path)
+
+    storage.filesystem = filesystem
+    try:
+        yield log
+    finally:
+        storage.filesystem = real
+
+
+class RequestLog:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, str, int]] = []  # (kind, key, response bytes)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.requests.clear()
+
+    def counts(self) -> collections.Counter:
+        with self.lock:
+            return collections.Counter(kind for kind, _, _ in self.requests)
+
+    def bytes_by_kind(self) -> collections.Counter:
+        out = collections.Counter()
+        with self.lock:
+            for kind, _, n in self.requests:
+                out[kind] += n
+        return out
+
+
+def classify(method: str, path: str, query: str, headers) -> str:
+    q = parse_qs(query, keep_blank_values=True)
+    key = path.lstrip("/").partition("/")[2]
+    if method == "GET" and ("list-type" in q or not key):
+        return "LIST"
+    if method == "GET":
+        return "GET range" if headers.get("Range") else "GET whole"
+    if method == "PUT" and "partNumber" in q:
+        return "PUT part"
+    if method == "POST" and ("uploads" in q or "uploadId" in q):
+        return "multipart"
+    return method
+
+
+class _Proxy(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    upstream: tuple[str, int]
+    log: RequestLog
+
+    def _forward(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        conn = http.client.HTTPConnection(*self.upstream, timeout=120)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+            conn.request(self.command, self.path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
+        parts = urlsplit(self.path)
+        kind = classify(self.command, parts.path, parts.query, self.headers)
+        with self.log.lock:
+            self.log.requests.append((kind, parts.path, len(data)))
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("transfer-encoding", "connection", "content-length", "date", "server"):
+                self.send_header(k, v)
+        if self.command == "HEAD":
+            self.send_header("Content-Length", resp.getheader("Content-Length") or "0")
+            self.end_headers()
+            return
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def moto_with_proxy():
+    """moto in server mode on loopback, and a counting proxy in front of it; yields (proxy URL, RequestLog)."""
+    import socket
+
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    moto.start()
+    log = RequestLog()
+    handler = type("Proxy", (_Proxy,), {"upstream": ("127.0.0.1", port), "log": log})
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    proxy.daemon_threads = True
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{proxy.server_address[1]}", log
+    finally:
+        proxy.shutdown()
+        moto.stop()

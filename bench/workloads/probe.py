@@ -1,0 +1,96 @@
+"""Run one measured thing in a fresh interpreter and write a JSON report (used by the workloads).
+
+    probe.py cli OUT.json -- ARGS...      `sidecar-ops ARGS...` (same entry point as the console script),
+                                           recording when the first shard task starts, whether a Prefect
+                                           server was started, and the driver's peak RSS
+    probe.py merge OUT.json PIPELINE OUTPUT WARMUP_RELPATH RELPATH
+                                           tasks.merge.merge_shard on a tiny warm-up shard (lazy imports,
+                                           kernel registries, thread pools), then on RELPATH: RSS before,
+                                           peak RSS, decoded size of the output table
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+T0 = time.time()
+
+
+def maxrss_mb() -> float:
+    """Peak RSS of this process image (VmHWM; getrusage's ru_maxrss would carry the parent's over fork+exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def rss_mb() -> float:
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def cli(args: list[str]) -> dict:
+    report: dict = {"first_task_at": None, "server_entered_at": None, "server_ready_at": None}
+    import contextlib
+
+    from flows.cli import main
+    import flows.server
+    import tasks.merge
+
+    real_read_base, real_api = tasks.merge.read_base, flows.server.prefect_api
+
+    def read_base(*a, **k):
+        if report["first_task_at"] is None:
+            report["first_task_at"] = time.time()
+        return real_read_base(*a, **k)
+
+    @contextlib.contextmanager
+    def prefect_api(*a, **k):
+        report["server_entered_at"] = time.time()
+        with real_api(*a, **k) as url:
+            report["server_ready_at"] = time.time()
+            yield url
+
+    tasks.merge.read_base, flows.server.prefect_api = read_base, prefect_api
+    report["imported_at"] = time.time()
+    report["exit_code"] = main(args)
+    report["prefect_imported"] = "prefect" in sys.modules
+    return report
+
+
+def merge(pipeline: str, output: str, warmup: str, relpath: str) -> dict:
+    import pyarrow.parquet as pq
+
+    from tasks.config import load_pipeline
+    from tasks.merge import Job, merge_shard
+
+    job = Job(load_pipeline(pipeline), output)
+    merge_shard(job, warmup)
+    before = rss_mb()
+    t = time.perf_counter()
+    stats = merge_shard(job, relpath)
+    report = {"seconds": time.perf_counter() - t, "rss_before_mb": before, "maxrss_mb": maxrss_mb(),
+              "rows": stats.rows, "output_bytes": stats.bytes}
+    report["output_decoded_mb"] = pq.read_table(job.output_uri(relpath)).nbytes / 2**20
+    return report
+
+
+if __name__ == "__main__":
+    mode, out = sys.argv[1], sys.argv[2]
+    rest = sys.argv[3:]
+    if mode == "cli":
+        result = cli(rest[1:] if rest[:1] == ["--"] else rest)
+    elif mode == "merge":
+        result = merge(*rest)
+    else:
+        raise SystemExit(f"unknown probe mode {mode!r}")
+    result.setdefault("maxrss_mb", maxrss_mb())
+    result.update(t0=T0, t_exit=time.time())
+    Path(out).write_text(json.dumps(result))

@@ -1,0 +1,53 @@
+"""`python bench/run.py --size smoke` runs every workload end to end and reports every row with its ratio.
+
+Benchmarks are not timed tests: nothing here looks at a time, only at what was measured and counted.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+EXPECTED = {
+    "W0": ["fresh home: start -> first shard task", "warm home: start -> first shard task",
+           "warm home: start -> exit", "--dry-run: start -> exit"],
+    "W1": ["(a) floor: minimal pyarrow", "(b) kernel without verify_output",
+           "(b') kernel merge_shard (incl. verify_output)", "(c) full flow, thread runner, warm server",
+           "(c') sidecar-ops run, end to end", "(d) pandas merge on keys", "(e) DuckDB POSITIONAL JOIN + COPY"],
+    "W2": ["thread runner, full flow", "--use-ray (FastRayTaskRunner), full flow",
+           "plain-Ray floor, same 3 kernel steps"],
+    "W3": ["first run (thread runner)", "resume rerun on complete output", "resume: data reads (non-footer)"],
+    "W4": ["dry run, 200 shards: driver peak RSS", "merge one shard of 2,000 rows: RSS growth",
+           "RSS growth, 8x shard / 1x shard", "driver peak RSS 20 / 5 shards"],
+    "W5": ["kernel on local disk", "kernel on S3 (moto, loopback)", "kernel: S3 requests per shard",
+           "flow: LIST requests per run", "resume: S3 requests per shard"],
+}
+RATIO_ROWS = {("W1", name) for name in EXPECTED["W1"][1:]} | {
+    ("W2", "--use-ray (FastRayTaskRunner), full flow"), ("W3", "resume rerun on complete output"),
+    ("W5", "kernel on S3 (moto, loopback)")}
+
+
+def test_smoke_size_produces_every_row_and_ratio(tmp_path):
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "--size", "smoke", "--out", str(out),
+                           "--data", str(tmp_path / "data")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["errors"] == {}
+    rows = {(r["workload"], r["name"]): r for r in result["rows"]}
+    for workload, names in EXPECTED.items():
+        for name in names:
+            assert (workload, name) in rows, f"missing row {workload} {name!r}; have {sorted(rows)}"
+            assert not math.isnan(rows[workload, name]["value"]), (workload, name)
+    for key in RATIO_ROWS:
+        assert rows[key]["ratio"] is not None and rows[key]["ratio"] > 0, key
+    # What is counted (not timed) must hold even at smoke size.
+    assert rows["W3", "resume: data reads (non-footer)"]["value"] == 0
+    assert rows["W0", "--dry-run: start -> exit"]["note"] == "no Prefect server started"
+    assert rows["W5", "resume: S3 requests per shard"]["note"].find("PUT") == -1
+    assert "| W1 | (a) floor: minimal pyarrow |" in proc.stdout
