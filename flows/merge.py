@@ -5,6 +5,7 @@ Run it with `sidecar-ops run PIPELINE.yaml ...` or `python flows/merge.py PIPELI
 from __future__ import annotations
 
 import queue
+import re
 import time
 
 from prefect import flow, get_run_logger
@@ -18,12 +19,17 @@ from tasks.prefect_tasks import merge_step, verify_step
 from tasks.progress import Progress
 from tasks.summary import RunFailed, Summary
 
-DEFAULT_MAX_INFLIGHT = 64
+DEFAULT_MAX_INFLIGHT = 32
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def one_line(exc: BaseException | None) -> str:
-    text = str(exc) if exc is not None else "unknown failure"
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    """The first line of an error; for a Ray task error, of its cause (Ray's own header says little)."""
+    cause = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError wraps the task's exception
+    if isinstance(cause, BaseException):
+        exc = cause
+    text = ANSI.sub("", str(exc) if exc is not None else "unknown failure").strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def final_state(future):
