@@ -34,6 +34,10 @@ def dry_run(pipeline: Pipeline, output_prefix: str, samples: int = 20, overwrite
         say(f"operations[{i}]: {op.describe()} mode={op.mode} columns={list(op.columns or ['(all)'])}")
         say(f"    siblings: {len(plan.sources[i].shards)} found, {len(missing)} missing, {len(extra)} extra "
             "(extra ones are ignored)")
+        for col in [c for c in (op.columns or ()) if c in (ds.key_column, ds.image_column)]:
+            say(f"operations[{i}]: {col} is the dataset's " + (
+                "key column: kept from main, never taken from the sidecar" if col == ds.key_column else
+                "image column: never taken from the sidecar (and dropped: a sidecar carries no image bytes)"))
         if missing:
             line = f"operations[{i}] ({op.describe()}): {len(missing)} sibling shard(s) missing: {_some(missing)}"
             (problems.append(line) if op.required else say(f"    skipped where missing (required: false): "

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from tasks import storage
 from tasks.config import Pipeline
 from tasks.errors import ShardError
+from tasks.ops.merge_from_sidecar import unreadable_parquet
 
 PROVENANCE_KEY = b"sidecar_ops"
 
@@ -63,10 +64,17 @@ class ShardStats:
     seconds: float = 0.0
 
 
+# Failures that come back the same on every attempt: not worth a retry.
+PERMANENT = (PermissionError, FileNotFoundError, pa.ArrowException)
+
+
 def _fail(relpath: str, where: str, exc: BaseException) -> ShardError:
     if isinstance(exc, ShardError):
         return ShardError(f"shard {relpath}: {where}: {exc}", exc.transient)
-    return ShardError(f"shard {relpath}: {where}: {type(exc).__name__}: {exc}", transient=True)
+    if unreadable_parquet(exc):
+        return ShardError(f"shard {relpath}: {where}: not a readable parquet file ({exc})")
+    return ShardError(f"shard {relpath}: {where}: {type(exc).__name__}: {exc}",
+                      transient=not isinstance(exc, PERMANENT))
 
 
 def read_base(job: Job, relpath: str) -> ShardState:

@@ -54,6 +54,19 @@ def _list(prefix: str, what: str) -> storage.Listing:
         raise ConfigError(f"cannot list {what} {prefix}: {exc}") from None
 
 
+def _exists(prefix: str) -> bool:
+    fs, path = storage.filesystem(prefix)
+    try:
+        return fs.exists(path)
+    except OSError:
+        return True  # cannot tell; let the listing's own answer stand
+
+
+def plain_relpath(relpath: str) -> bool:
+    """A relative path that stays below any prefix it is appended to."""
+    return not relpath.startswith("/") and all(part not in ("", ".", "..") for part in relpath.split("/"))
+
+
 def output_status(job: Job, relpath: str) -> tuple[str, str]:
     """('complete'|'stale'|'broken', detail) for an existing output shard, from footers only.
 
@@ -82,11 +95,22 @@ def make_plan(job: Job, overwrite: bool = False) -> Plan:
     base = _list(pipeline.dataset.main_prefix, "main_prefix")
     if not base.shards:
         others = f" ({len(base.others)} other objects)" if base.others else ""
-        state = "does not exist" if not base.exists else f"holds no non-empty *.parquet shards{others}"
+        exists = base.exists and (base.others or _exists(pipeline.dataset.main_prefix))
+        state = "does not exist" if not exists else f"holds no non-empty *.parquet shards{others}"
         raise ConfigError(f"main_prefix {pipeline.dataset.main_prefix} {state}; check the dataset's main_prefix")
+    unsafe = [rel for rel in base.shards if not plain_relpath(rel)]
+    if unsafe:
+        raise ConfigError(f"main_prefix {pipeline.dataset.main_prefix} holds {len(unsafe)} object key(s) that are not "
+                          f"plain relative paths (an empty, '.' or '..' segment), e.g. {unsafe[0]!r}; outputs keep "
+                          "the base's relative paths, so rename or remove these objects")
     sources = [_list(op.source_prefix, f"operations[{i}].source_prefix")
                for i, op in enumerate(pipeline.operations)]
     output = _list(job.output_prefix, "output prefix")
+    if storage.is_s3(job.output_prefix) and not output.exists:
+        bucket = job.output_prefix[len("s3://"):].split("/", 1)[0]
+        if not _exists(f"s3://{bucket}/"):
+            raise ConfigError(f"output prefix {job.output_prefix}: bucket {bucket!r} does not exist; create it or "
+                              "choose another --output-prefix")
     plan = Plan(job, base, sources, output)
     existing = [rel for rel in base.shards if rel in output.shards]
     if overwrite:

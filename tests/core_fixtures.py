@@ -150,3 +150,19 @@ def swap_rows_fn(uri: str, i: int, j: int) -> None:
     order = list(range(table.num_rows))
     order[i], order[j] = order[j], order[i]
     write_table(table.take(order), uri)
+
+
+def release_console_handlers() -> None:
+    """After an in-process `sidecar-ops run`, point Prefect's console handlers at the real stderr.
+
+    They were created on the capsys stream of that run; Prefect's background threads may still log a line
+    later (e.g. "Still processing items"), which would hit a closed stream in a later test."""
+    import sys
+
+    for logger in [logging.getLogger(), *[logging.getLogger(n) for n in list(logging.root.manager.loggerDict)]]:
+        for handler in getattr(logger, "handlers", []):
+            console = getattr(handler, "console", None)
+            if console is not None:
+                console.file = sys.__stderr__
+            elif isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
+                handler.stream = sys.__stderr__  # not setStream(): that flushes the closed stream first

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import boto3
 import pytest
-from core_fixtures import build, expected_output, get_bytes, objects, put_bytes, read_table, remove, swap_rows_fn
+from core_fixtures import build, expected_output, get_bytes, objects, put_bytes, read_table,
+                           release_console_handlers, remove, swap_rows_fn
 from tasks.demo import relpaths
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +27,10 @@ ALL_COLUMNS = [("dqm", "dqm_d1_v6_1"), ("aes", "ernie_image_aes"), ("watermark",
 @pytest.fixture
 def run(cli, prefect_api):
     def go(*argv):
-        return cli("run", *argv)
+        try:
+            return cli("run", *argv)
+        finally:
+            release_console_handlers()
     return go
 
 

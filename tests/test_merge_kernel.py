@@ -272,8 +272,22 @@ def test_corrupt_base_shard_names_it(tmp_path, root):
     from core_fixtures import put_bytes
 
     put_bytes(setup.prefixes["base"] + REL[0], b"PAR1 this is not parquet PAR1")
-    with pytest.raises(ShardError, match=f"shard {REL[0]}: reading base shard {setup.prefixes['base']}{REL[0]}"):
+    with pytest.raises(ShardError, match=f"shard {REL[0]}: reading base shard {setup.prefixes['base']}{REL[0]}: "
+                                         "not a readable parquet file") as info:
         merge_shard(job_for(setup), REL[0])
+    assert not info.value.transient, "a corrupt shard fails the same way on every retry"
+
+
+def test_corrupt_source_shard_names_it(tmp_path, root):
+    setup = build(tmp_path, root, ops=lambda p: [dqm_op(p)])
+    from core_fixtures import get_bytes, put_bytes
+
+    whole = get_bytes(setup.prefixes["dqm"] + REL[0])
+    put_bytes(setup.prefixes["dqm"] + REL[0], whole[: len(whole) // 2])  # truncated upload
+    with pytest.raises(ShardError) as info:
+        merge_shard(job_for(setup), REL[0])
+    assert f"source shard {setup.prefixes['dqm']}{REL[0]} is not a readable parquet file" in str(info.value)
+    assert not info.value.transient
 
 
 # ----------------------------------------------------------------- atomic writes

@@ -135,6 +135,11 @@ class MergeFromSidecar:
                 return table, {**self.to_dict(), "status": "skipped_missing_sibling"}
             raise ShardError(f"sibling shard missing: {uri}; inspect the score sidecar (shard paths must match the "
                              "base), or set `required: false` to skip shards it does not cover") from None
+        except (OSError, pa.ArrowException) as exc:
+            if not unreadable_parquet(exc):
+                raise
+            raise ShardError(f"source shard {uri} is not a readable parquet file ({exc}); "
+                             "inspect the score sidecar") from None
         check_aligned(table, target_key, source, source_key)
         for col in cols.replace:
             table = table.set_column(table.schema.get_field_index(col), source.schema.field(col), source[col])
@@ -153,6 +158,16 @@ def _apply_schema(current: pa.Schema, source: pa.Schema, cols: ColumnPlan) -> pa
     for col in cols.append:
         current = current.append(source.field(col))
     return current
+
+
+def unreadable_parquet(exc: BaseException) -> bool:
+    """pyarrow could not parse the bytes (corrupt, truncated, not parquet), as opposed to an I/O failure.
+
+    pyarrow reports parse failures as ArrowException or as a bare OSError without errno; storage errors
+    arrive as OSError subclasses (FileNotFoundError, PermissionError, ConnectionError...) or carry an errno."""
+    if isinstance(exc, pa.ArrowException):
+        return True
+    return type(exc) is OSError and exc.errno is None
 
 
 def check_aligned(table: pa.Table, target_key: str, source: pa.Table, source_key: str) -> None:
