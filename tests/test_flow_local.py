@@ -14,8 +14,8 @@ from pathlib import Path
 
 import boto3
 import pytest
-from core_fixtures import build, expected_output, get_bytes, objects, put_bytes, read_table,
-                           release_console_handlers, remove, swap_rows_fn
+from core_fixtures import (build, expected_output, get_bytes, objects, put_bytes, read_table,
+                           release_console_handlers, remove, swap_rows_fn)
 from tasks.demo import relpaths
 
 REPO = Path(__file__).resolve().parents[1]
