@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import socket
 import uuid
@@ -18,6 +19,8 @@ os.environ["AWS_ACCESS_KEY_ID"] = "testing-key-id"
 os.environ["AWS_SECRET_ACCESS_KEY"] = "testing-secret-key"
 os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
 os.environ.pop("AWS_PROFILE", None)
+# moto's in-process werkzeug server logs every request at INFO; keep it off the consoles tests inspect.
+logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
 
 def free_port() -> int:
