@@ -1,11 +1,20 @@
 """All I/O goes through fsspec: one helper turns a URI into a filesystem, plus listing, footers and atomic writes.
 
 S3 settings come from the standard AWS environment (AWS_ENDPOINT_URL, AWS_PROFILE, AWS_REGION, the
-credentials chain), so any S3-compatible store works. Filesystems are cached per process.
+credentials chain, AWS_MAX_ATTEMPTS / AWS_RETRY_MODE for botocore's retries with backoff), so any
+S3-compatible store works. Filesystems are cached per process.
+
+Writes are atomic: a local shard is written to a temp file (TEMP_MARK..., never *.parquet) and renamed;
+an S3 shard is one PUT, or a multipart upload that is completed only when every part is in and aborted
+on any failure, so no partial object and no orphaned upload is left behind by a failed write.
 """
 from __future__ import annotations
 
+import logging
 import os
+import posixpath
+import socket
+import time
 import uuid
 from dataclasses import dataclass
 from functools import cache
@@ -17,6 +26,14 @@ import pyarrow.parquet as pq
 
 ACCEPTED = "s3://bucket/path/, file:///abs/path/, or a local path"
 TEMP_MARK = ".sidecar-ops-tmp-"
+# S3 payloads of at least MULTIPART_THRESHOLD bytes go up in parts of PART_SIZE (S3's minimum part is 5 MiB).
+MULTIPART_THRESHOLD = int(os.environ.get("SIDECAR_OPS_MULTIPART_THRESHOLD") or 64 * 2**20)
+PART_SIZE = int(os.environ.get("SIDECAR_OPS_PART_SIZE") or 32 * 2**20)
+ABORT_ATTEMPTS = 5
+DEFAULT_MAX_ATTEMPTS = 8      # botocore attempts per request (AWS_MAX_ATTEMPTS overrides)
+DEFAULT_RETRY_MODE = "adaptive"  # exponential backoff with jitter + client-side rate limiting on throttles
+
+log = logging.getLogger(__name__)
 
 
 def normalize_prefix(uri: str) -> str:
@@ -45,9 +62,12 @@ def is_s3(uri: str) -> bool:
 def _s3():
     import s3fs
 
-    # Listing cache off: resume decisions must see the bucket as it is now.
+    # Listing cache off: resume decisions must see the bucket as it is now. botocore retries throttling
+    # (503 SlowDown), 5xx and connection errors with backoff; s3fs adds a few retries of its own on top.
+    attempts = int(os.environ.get("AWS_MAX_ATTEMPTS") or DEFAULT_MAX_ATTEMPTS)
+    mode = os.environ.get("AWS_RETRY_MODE") or DEFAULT_RETRY_MODE
     return s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True,
-                             config_kwargs={"retries": {"max_attempts": 8, "mode": "adaptive"}})
+                             config_kwargs={"retries": {"max_attempts": attempts, "mode": mode}})
 
 
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -57,8 +77,25 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return fsspec.filesystem("file"), uri
 
 
+def check_relpath(relpath: str) -> str:
+    """`relpath` itself if it stays inside any prefix it is appended to; ValueError otherwise."""
+    parts = relpath.split("/")
+    if not relpath or relpath.startswith("/") or "\0" in relpath or any(p in (".", "..") for p in parts):
+        raise ValueError(f"unsafe shard path {relpath!r}: absolute, empty, or with '.'/'..' segments "
+                         "(it could escape its prefix); rename the object")
+    return relpath
+
+
 def join(prefix: str, relpath: str) -> str:
-    return prefix + relpath
+    """prefix + relpath, refusing relpaths that could escape the prefix."""
+    return prefix + check_relpath(relpath)
+
+
+def _check_write_path(uri: str) -> None:
+    path = uri[len("s3://"):] if is_s3(uri) else uri
+    if any(p in (".", "..") for p in path.split("/")) or (not is_s3(uri) and posixpath.normpath(path) != path):
+        raise ValueError(f"refusing to write {uri!r}: the path has '.'/'..' segments and could land outside "
+                         "the output prefix")
 
 
 def inside(a: str, b: str) -> bool:
@@ -111,16 +148,18 @@ def open_parquet(uri: str):
 def write_atomic(table: pa.Table, uri: str, row_group_size: int | None = None) -> int:
     """Write `table` as zstd parquet so that readers only ever see the complete file; returns bytes."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size)
+    # An empty input shard reports row groups of 0 rows; pyarrow refuses row_group_size=0.
+    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size or None)
     data = sink.getvalue()
+    _check_write_path(uri)
     fs, path = filesystem(uri)
     if is_s3(uri):
-        # One PUT (or multipart upload s3fs completes only at the end): the key appears whole or not at all.
-        fs.pipe_file(path, data.to_pybytes())
+        _put_s3(fs, path, data.to_pybytes())
         return data.size
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
-    temp = os.path.join(directory, f"{TEMP_MARK}{uuid.uuid4().hex}")
+    # host and pid in the name, so sweep_stale can tell a dead writer's leftovers from a live one's
+    temp = os.path.join(directory, f"{TEMP_MARK}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
     try:
         with open(temp, "wb") as f:
             f.write(memoryview(data))
@@ -132,3 +171,101 @@ def write_atomic(table: pa.Table, uri: str, row_group_size: int | None = None) -
             os.unlink(temp)
         raise
     return data.size
+
+
+def _put_s3(fs, path: str, data: bytes) -> None:
+    """One PUT, or a multipart upload completed only at the end and aborted on any failure."""
+    if len(data) < MULTIPART_THRESHOLD:
+        fs.call_s3("put_object", Bucket=path.split("/", 1)[0], Key=path.split("/", 1)[1], Body=data)
+        return
+    bucket, key = path.split("/", 1)
+    upload = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
+    try:
+        parts = []
+        for number, start in enumerate(range(0, len(data), PART_SIZE), 1):
+            out = fs.call_s3("upload_part", Bucket=bucket, Key=key, UploadId=upload, PartNumber=number,
+                             Body=data[start:start + PART_SIZE])
+            parts.append({"PartNumber": number, "ETag": out["ETag"]})
+        fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload,
+                   MultipartUpload={"Parts": parts})
+    except BaseException:
+        _abort_upload(fs, bucket, key, upload)
+        raise
+
+
+def _abort_upload(fs, bucket: str, key: str, upload: str) -> None:
+    """Abort with its own retries; an upload already completed or aborted is fine."""
+    for attempt in range(ABORT_ATTEMPTS):
+        try:
+            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload)
+            return
+        except FileNotFoundError:  # NoSuchUpload: completed (the reply was lost) or aborted already
+            return
+        except Exception as exc:
+            if attempt == ABORT_ATTEMPTS - 1:
+                log.warning("could not abort multipart upload %s of s3://%s/%s: %s", upload, bucket, key, exc)
+                return
+            time.sleep(min(0.2 * 2**attempt, 5.0))
+
+
+def pending_uploads(prefix: str) -> list[tuple[str, str, str]]:
+    """(key, upload id, initiated ISO time) of every unfinished multipart upload under an s3:// prefix."""
+    if not is_s3(prefix):
+        return []
+    fs, root = filesystem(prefix)
+    bucket, _, key_prefix = root.partition("/")
+    out, marker = [], {}
+    while True:
+        page = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key_prefix, **marker)
+        out += [(u["Key"], u["UploadId"], str(u.get("Initiated", ""))) for u in page.get("Uploads", [])]
+        if not page.get("IsTruncated"):
+            return out
+        marker = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+
+
+def sweep_stale(prefix: str, older_than_seconds: float = 6 * 3600) -> int:
+    """Remove leftovers of killed writers under an output prefix: local temp files whose writer process (on
+    this host) is gone or that are older than the threshold, and S3 multipart uploads older than the threshold
+    (younger ones may belong to a run still in progress). Never touches *.parquet. Returns a count."""
+    removed = 0
+    if is_s3(prefix):
+        fs, root = filesystem(prefix)
+        bucket = root.partition("/")[0]
+        cutoff = time.time() - older_than_seconds
+        from datetime import datetime
+
+        for key, upload, initiated in pending_uploads(prefix):
+            try:
+                started = datetime.fromisoformat(initiated).timestamp()
+            except ValueError:
+                continue
+            if started < cutoff:
+                _abort_upload(fs, bucket, key, upload)
+                removed += 1
+        return removed
+    cutoff = time.time() - older_than_seconds
+    for folder, _, files in os.walk(prefix):
+        for name in files:
+            path = os.path.join(folder, name)
+            if name.startswith(TEMP_MARK) and not name.endswith(".parquet"):
+                try:
+                    if _writer_dead(name) or os.stat(path).st_mtime < cutoff:
+                        os.unlink(path)
+                        removed += 1
+                except FileNotFoundError:
+                    pass
+    return removed
+
+
+def _writer_dead(temp_name: str) -> bool:
+    """True when the temp file names a writer process on this host that no longer runs."""
+    parts = temp_name[len(TEMP_MARK):].rsplit("-", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

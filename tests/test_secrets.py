@@ -1,0 +1,87 @@
+"""Secrets: with AWS credentials in the environment, nothing we emit contains them.
+
+Real `sidecar-ops` processes (dry run, merge, verify with a JSON report, and a failing run with --debug at
+Prefect's DEBUG log level) get distinctive fake credentials; moto accepts any. Then every output is
+searched: stdout/stderr, the JSON report, every key-value of every output parquet footer, and everything
+the Prefect API holds for those runs (flow and task runs with parameters and states, logs, artifacts).
+"""
+from __future__ import annotations
+
+import json
+import uuid
+
+from reliability_fixtures import cli_env, make_demo, run_cli
+from tasks import storage
+
+ACCESS_KEY_ID = "AKIAFAKESIDECAROPS7QX"
+SECRET_KEY = "fAkeSidecarOpsSecret/9zQ2xVbN3mKp7+LwRt5YhUe1"
+SESSION_TOKEN = "FakeSidecarOpsSessionToken//Zm9vYmFyYmF6cXV4" + "Q" * 40
+SECRETS = (ACCESS_KEY_ID, SECRET_KEY, SESSION_TOKEN)
+
+
+def leaks(text: str) -> list[str]:
+    # Also the secret's halves, so a truncated or wrapped line still counts.
+    needles = [*SECRETS, SECRET_KEY[:20], SECRET_KEY[-20:], SESSION_TOKEN[:30]]
+    return [n for n in needles if n in text]
+
+
+def footer_text(output: str) -> str:
+    parts = []
+    for rel in storage.list_prefix(output).shards:
+        meta = storage.read_footer(output + rel)
+        parts += [f"{k!r}={v!r}" for k, v in (meta.metadata or {}).items()]
+        parts.append(str(meta.schema.to_arrow_schema()))
+        parts += [f"{k!r}={v!r}" for k, v in (meta.schema.to_arrow_schema().metadata or {}).items()]
+    return "\n".join(parts)
+
+
+def prefect_text(tag_pipelines: list[str]) -> tuple[str, int, int]:
+    """Everything the API holds for flow runs of these pipelines: runs, parameters, states, task runs, logs,
+    artifacts (all artifacts, since they are few)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        runs = [r for r in client.read_flow_runs(limit=200)
+                if any(p in json.dumps(r.parameters, default=str) for p in tag_pipelines)]
+        assert runs, "no flow runs of these pipelines reached the API"
+        ids = [r.id for r in runs]
+        chunks = [r.model_dump_json() for r in runs]
+        chunks += [t.model_dump_json() for t in client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=200)]
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)), limit=200)
+        chunks += [log.model_dump_json() for log in logs]
+        chunks += [a.model_dump_json() for a in client.read_artifacts(limit=200)]
+    return "\n".join(chunks), len(runs), len(logs)
+
+
+def test_no_output_contains_the_credentials(tmp_path, s3_root, moto_endpoint, prefect_api):
+    demo = make_demo(tmp_path, s3_root, shards=3, rows=100)
+    broken = tmp_path / "pipelines" / "broken.yaml"  # DQM from the AES sidecar: no image_key there, every shard fails
+    broken.write_text(open(demo.pipeline).read().replace(f"{s3_root}dqm/", f"{s3_root}aes/", 1))
+    env = cli_env(PREFECT_API_URL=prefect_api, AWS_ENDPOINT_URL=moto_endpoint, AWS_ACCESS_KEY_ID=ACCESS_KEY_ID,
+                  AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_SESSION_TOKEN=SESSION_TOKEN)
+    debug_env = {**env, "PREFECT_LOGGING_LEVEL": "DEBUG"}
+    report = tmp_path / f"verify-{uuid.uuid4().hex[:6]}.json"
+    out = ["--output-prefix", demo.output]
+    runs = {
+        "dry run": run_cli("run", demo.pipeline, *out, "--dry-run", env=env),
+        "merge": run_cli("run", demo.pipeline, *out, env=env),
+        "verify": run_cli("verify", demo.pipeline, *out, "--json", report, env=env),
+        "failing run --debug": run_cli("run", broken, "--output-prefix", f"{s3_root}broken_out/", "--debug",
+                                       env=debug_env),
+        "verify --debug": run_cli("verify", demo.pipeline, *out, "--debug", env=debug_env),
+    }
+    codes = {name: r.returncode for name, r in runs.items()}
+    assert codes == {"dry run": 0, "merge": 0, "verify": 0, "failing run --debug": 1, "verify --debug": 0}, (
+        codes, {n: r.stderr[-2000:] for n, r in runs.items() if r.returncode})
+    assert "Traceback" in runs["failing run --debug"].stderr  # --debug really was verbose
+    for name, r in runs.items():
+        assert not leaks(r.stdout) and not leaks(r.stderr), f"{name} printed a credential"
+    report_text = report.read_text()
+    assert json.loads(report_text) and not leaks(report_text)
+    footers = footer_text(demo.output)
+    assert "sidecar_ops" in footers and not leaks(footers)
+    api_text, n_runs, n_logs = prefect_text([demo.pipeline, str(broken)])
+    assert n_runs >= 4 and n_logs > 0, (n_runs, n_logs)
+    assert not leaks(api_text), "the Prefect API holds a credential"
