@@ -93,7 +93,8 @@ def join(prefix: str, relpath: str) -> str:
 
 def _check_write_path(uri: str) -> None:
     path = uri[len("s3://"):] if is_s3(uri) else uri
-    if any(p in (".", "..") for p in path.split("/")) or (not is_s3(uri) and posixpath.normpath(path) != path):
+    dotted = any(p in (".", "..") for p in path.split("/"))
+    if dotted or (not is_s3(uri) and posixpath.normpath(path) != path):
         raise ValueError(f"refusing to write {uri!r}: the path has '.'/'..' segments and could land outside "
                          "the output prefix")
 

@@ -146,13 +146,15 @@ class FaultProxy:
                 if fault == "slowdown":
                     return self._error(503, "SlowDown", "Please reduce your request rate.")
                 if fault == "internal":
-                    return self._error(500, "InternalError", "We encountered an internal error. Please try again.")
+                    return self._error(500, "InternalError", "We encountered an internal error. "
+                                                             "Please try again.")
                 status, headers, data = self._forward(body)
                 if fault == "reset_after":  # moto did the work; the client never hears of it
                     return self._reset()
                 self.send_response(status)
                 for name, value in headers:
-                    if name.lower() not in HOP_BY_HOP and (name.lower() != "content-length" or self.command == "HEAD"):
+                    keep_length = self.command == "HEAD"  # a HEAD reply states the object's size
+                    if name.lower() not in HOP_BY_HOP and (name.lower() != "content-length" or keep_length):
                         self.send_header(name, value)
                 if self.command != "HEAD":
                     self.send_header("Content-Length", str(len(data)))

@@ -35,7 +35,8 @@ def make_demo(tmp_path: Path, root: str, shards: int, rows: int, output: str | N
     prefixes = make_dataset(root, shards=shards, rows=rows)
     (tmp_path / "datasets").mkdir(exist_ok=True)
     (tmp_path / "pipelines").mkdir(exist_ok=True)
-    (tmp_path / "datasets" / DEMO_DATASET.name).write_text(DEMO_DATASET.read_text().replace("demo-data/", root))
+    dataset = DEMO_DATASET.read_text().replace("demo-data/", root)
+    (tmp_path / "datasets" / DEMO_DATASET.name).write_text(dataset)
     pipeline = tmp_path / "pipelines" / DEMO_PIPELINE.name
     pipeline.write_text(DEMO_PIPELINE.read_text().replace("demo-data/", root))
     return Demo(str(pipeline), prefixes, output or f"{root}all_in_one/")
@@ -93,7 +94,8 @@ def pending_uploads(moto_endpoint: str, prefix: str) -> list:
     import boto3
 
     bucket = prefix[len("s3://"):].split("/", 1)[0]
-    return boto3.client("s3", endpoint_url=moto_endpoint).list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    return s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
 
 
 def cli_env(**extra: str) -> dict:

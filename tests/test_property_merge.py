@@ -27,7 +27,8 @@ PERTURBATIONS = ("none", "none", "swap", "drop", "add", "null", "change", "rever
 def values(draw, type_name: str, n: int) -> pa.Array:
     typ = VALUE_TYPES[type_name]
     if type_name == "int32":
-        return pa.array(draw(st.lists(st.integers(-2**31, 2**31 - 1) | st.none(), min_size=n, max_size=n)), typ)
+        ints = st.integers(-2**31, 2**31 - 1) | st.none()
+        return pa.array(draw(st.lists(ints, min_size=n, max_size=n)), typ)
     if type_name == "float64":
         return pa.array(draw(st.lists(st.floats(allow_nan=False) | st.none(), min_size=n, max_size=n)), typ)
     if type_name == "string":
@@ -67,7 +68,8 @@ def scenarios(draw):
     score_cols = draw(st.lists(st.sampled_from(sorted(VALUE_TYPES)), min_size=1, max_size=3))
     with_image = draw(st.booleans())
     by_path = draw(st.booleans())  # source keyed by another base column (target/source_key_column)
-    overlap = bool(base_cols) and draw(st.booleans())  # source also carries base column b0: prefer_sidecar replaces it
+    # The source may also carry base column b0, which prefer_sidecar then takes.
+    overlap = bool(base_cols) and draw(st.booleans())
     layout = draw(st.lists(st.sampled_from(["a", "b", "c/d", "2024", "x y", "ü"]), min_size=1, max_size=3,
                            unique=True))
     shards = []
@@ -94,9 +96,10 @@ def scenarios(draw):
 
 
 def job_for(root: str, by_path: bool) -> Job:
-    dataset = Dataset(name="prop", path="prop.yaml", main_prefix=f"{root}base/", sidecar_prefix=f"{root}side/",
-                      key_column="key", image_column="image")
-    op = MergeFromSidecar(f"{root}src/", None, "prefer_sidecar", *(("path", "path") if by_path else (None, None)))
+    dataset = Dataset(name="prop", path="prop.yaml", main_prefix=f"{root}base/",
+                      sidecar_prefix=f"{root}side/", key_column="key", image_column="image")
+    keys = ("path", "path") if by_path else (None, None)
+    op = MergeFromSidecar(f"{root}src/", None, "prefer_sidecar", *keys)
     return Job(Pipeline("prop-pipeline.yaml", dataset, (op,)), f"{root}out/")
 
 
@@ -108,7 +111,8 @@ def aligned(base: pa.Table, source: pa.Table, key: str) -> bool:
     return bool(pc.all(pc.fill_null(pc.equal(base[key], source[key]), False)).as_py())
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(scenarios())
 def test_merge_is_aligned_or_fails_with_alignment_error(scenario):
     by_path, shards = scenario
@@ -127,7 +131,8 @@ def test_merge_is_aligned_or_fails_with_alignment_error(scenario):
                 assert not should_align, f"aligned shard failed ({kind}): {exc}"
                 assert ("row count mismatch" in str(exc) or "key mismatch" in str(exc)), str(exc)
                 assert rel in str(exc)
-                assert not storage.list_prefix(job.output_prefix).shards.get(rel), "a failed shard was written"
+                written = storage.list_prefix(job.output_prefix).shards
+                assert rel not in written, "a failed shard was written"
                 continue
             assert should_align, f"misaligned shard ({kind}) merged without error"
             assert stats.rows == base.num_rows
@@ -143,8 +148,8 @@ def test_merge_is_aligned_or_fails_with_alignment_error(scenario):
                 assert out[c].equals(source[c]), c
 
 
-@pytest.mark.xfail(strict=True, reason="tasks/merge.py verify_output: pc.all() over 0 rows is null (min_count=1), "
-                   "so an empty shard fails verification; use pc.all(..., min_count=0)")
+@pytest.mark.xfail(strict=True, reason="tasks/merge.py verify_output: pc.all() over 0 rows is null "
+                   "(min_count=1), so an empty shard fails verification; use pc.all(..., min_count=0)")
 def test_empty_shard_merges_and_verifies(tmp_path):
     root = storage.normalize_prefix(str(tmp_path))
     job = job_for(root, by_path=False)

@@ -83,7 +83,8 @@ def test_sigkill_at_random_points_then_resume(where, tmp_path, prefect_api, requ
         present = assert_no_partial_shard(demo)
         after = snapshot(demo.output)
         uploads = pending_uploads(request.getfixturevalue("moto_endpoint"), root) if where == "s3" else []
-        log.append(f"{point}: {len(present)} complete, {len(after) - len(present)} temp, {len(uploads)} uploads")
+        log.append(f"{point}: {len(present)} complete, {len(after) - len(present)} temp, "
+                   f"{len(uploads)} uploads")
         for rel, md5 in complete_before.items():
             assert after.get(rel) == md5, f"complete shard {rel} was rewritten by a resumed run ({point})"
         strays = [rel for rel in after if not rel.endswith(".parquet")]

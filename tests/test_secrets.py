@@ -57,10 +57,12 @@ def prefect_text(tag_pipelines: list[str]) -> tuple[str, int, int]:
 
 def test_no_output_contains_the_credentials(tmp_path, s3_root, moto_endpoint, prefect_api):
     demo = make_demo(tmp_path, s3_root, shards=3, rows=100)
-    broken = tmp_path / "pipelines" / "broken.yaml"  # DQM from the AES sidecar: no image_key there, every shard fails
+    # DQM taken from the AES sidecar: no image_key there, so every shard fails.
+    broken = tmp_path / "pipelines" / "broken.yaml"
     broken.write_text(open(demo.pipeline).read().replace(f"{s3_root}dqm/", f"{s3_root}aes/", 1))
-    env = cli_env(PREFECT_API_URL=prefect_api, AWS_ENDPOINT_URL=moto_endpoint, AWS_ACCESS_KEY_ID=ACCESS_KEY_ID,
-                  AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_SESSION_TOKEN=SESSION_TOKEN)
+    env = cli_env(PREFECT_API_URL=prefect_api, AWS_ENDPOINT_URL=moto_endpoint,
+                  AWS_ACCESS_KEY_ID=ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+                  AWS_SESSION_TOKEN=SESSION_TOKEN)
     debug_env = {**env, "PREFECT_LOGGING_LEVEL": "DEBUG"}
     report = tmp_path / f"verify-{uuid.uuid4().hex[:6]}.json"
     out = ["--output-prefix", demo.output]
