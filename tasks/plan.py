@@ -63,8 +63,11 @@ def _exists(prefix: str) -> bool:
 
 
 def plain_relpath(relpath: str) -> bool:
-    """A relative path that stays below any prefix it is appended to."""
-    return not relpath.startswith("/") and all(part not in ("", ".", "..") for part in relpath.split("/"))
+    try:
+        storage.check_relpath(relpath)
+    except ValueError:
+        return False
+    return True
 
 
 def output_status(job: Job, relpath: str) -> tuple[str, str]:

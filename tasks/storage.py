@@ -80,8 +80,8 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
 def check_relpath(relpath: str) -> str:
     """`relpath` itself if it stays inside any prefix it is appended to; ValueError otherwise."""
     parts = relpath.split("/")
-    if not relpath or relpath.startswith("/") or "\0" in relpath or any(p in (".", "..") for p in parts):
-        raise ValueError(f"unsafe shard path {relpath!r}: absolute, empty, or with '.'/'..' segments "
+    if not relpath or "\0" in relpath or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"unsafe shard path {relpath!r}: absolute, or with empty, '.' or '..' segments "
                          "(it could escape its prefix); rename the object")
     return relpath
 
