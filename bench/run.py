@@ -69,6 +69,29 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def save(args, size, info, seconds, started, errors, rows) -> dict:
+    info["loadavg_end"] = os.getloadavg()
+    result = {"size": args.size, "params": size, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": info, "workload_seconds": seconds, "total_seconds": round(time.time() - started, 1),
+              "errors": errors, "rows": rows}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str))
+    out.with_suffix(".md").write_text(markdown(result))
+    return result
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    load = f"{m['loadavg_start'][0]:.1f} at start, {m['loadavg_end'][0]:.1f} at end"
+    lines = [f"size `{result['size']}`, {result['date']}, {m['cpus']} CPUs, {m['mem_gib']} GiB, Python {m['python']}, "
+             f"load average {load}; {result['total_seconds']:.0f} s in all", "",
+             "versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()), "",
+             table(result["rows"])]
+    lines += [f"\n{w} FAILED: {err}" for w, err in result["errors"].items()]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", choices=SIZES, default="small")
@@ -112,13 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
             seconds[w] = round(time.time() - t0, 1)
             print(f"[bench] {w} done in {seconds[w]} s", file=sys.stderr, flush=True)
-    info["loadavg_end"] = os.getloadavg()
-    result = {"size": args.size, "params": size, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": info, "workload_seconds": seconds, "total_seconds": round(time.time() - started, 1),
-              "errors": errors, "rows": rows}
+            save(args, size, info, seconds, started, errors, rows)  # partial results survive a later crash
+    result = save(args, size, info, seconds, started, errors, rows)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str))
     print(table(rows))
     for w, err in errors.items():
         print(f"{w} FAILED: {err}")

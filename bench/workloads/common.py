@@ -81,6 +81,7 @@ def bench_env(extra: dict | None = None) -> dict:
         os.pathsep), "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("PREFECT_API_URL", None)
+    env.pop("RAY_ADDRESS", None)  # ray.init() leaves the (now stopped) local cluster's address here
     env.update(extra or {})
     return env
 

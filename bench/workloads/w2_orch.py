@@ -95,7 +95,9 @@ def run(data: Path, size: dict) -> list[Row]:
 def stock_vs_ours(tasks: int, repeats: int) -> list[Row]:
     """Trivial tasks through stock RayTaskRunner vs ours (bench/ray_overhead.py, run as is)."""
     proc = subprocess.run([sys.executable, str(BENCH / "ray_overhead.py"), "--tasks", str(tasks), "--repeats",
-                           str(repeats), "--modes", "plain,threads,stock,fast"], env=bench_env(),
+                           str(repeats), "--modes", "plain,threads,stock,fast"],
+                          # its bare ray.init() would join any Ray cluster already running on this machine
+                          env=bench_env({"RAY_ADDRESS": "local"}),
                           capture_output=True, text=True, timeout=3600)
     rows = []
     for line in proc.stdout.splitlines():
