@@ -28,7 +28,7 @@ def dry_run(pipeline: Pipeline, output_prefix: str, samples: int = 20, overwrite
     say(f"main_prefix (base):     {ds.main_prefix}")
     say(f"sidecar_prefix (yaml):  {ds.sidecar_prefix}")
     say(f"output prefix (effective): {output_prefix}")
-    say(f"shards:                 {len(plan.shards)} (+{len(plan.base.others)} non-parquet objects ignored)")
+    say(f"shards:                 {len(plan.shards)} (+{len(plan.base.others)} other objects ignored: not *.parquet, or empty)")
     for i, op in enumerate(pipeline.operations):
         missing, extra = plan.missing_siblings(i), plan.extra_siblings(i)
         say(f"operations[{i}]: {op.describe()} mode={op.mode} columns={list(op.columns or ['(all)'])}")

@@ -121,6 +121,8 @@ def list_prefix(prefix: str) -> Listing:
         found = fs.find(root, detail=True)
     except FileNotFoundError:
         return Listing(prefix, {}, (), exists=False)
+    if not found and not is_s3(prefix) and not os.path.isdir(root):
+        return Listing(prefix, {}, (), exists=False)  # local find() returns nothing for a missing folder
     shards, others = {}, []
     strip = len(root.rstrip("/")) + 1
     for path, info in found.items():

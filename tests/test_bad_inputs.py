@@ -23,7 +23,7 @@ from core_fixtures import (FILTER_EXTENSIONS, SCORE_EXTENSIONS, aes_op, build, d
 
 from tasks import storage
 from tasks.config import load_pipeline
-from tasks.demo import make_dataset, relpaths
+from tasks.demo import relpaths
 from tasks.merge import Job, merge_shard, read_provenance
 
 REL = relpaths(1)[0]
@@ -233,7 +233,7 @@ CASES = [
     Case("base-with-only-junk", only_junk_base, 2,
          r"error: main_prefix {base} holds no non-empty \*\.parquet shards \(1 other objects\)"),
     Case("non-parquet-and-zero-byte-objects-counted", add_junk_to_base, 0,
-         r"shards:\s+1 \(\+3 non-parquet objects ignored\)", dry_run=True),
+         r"shards:\s+1 \(\+3 other objects ignored: not \*\.parquet, or empty\)", dry_run=True),
     Case("non-parquet-and-zero-byte-objects-ignored", add_junk_to_base, 0, r"1 total, 1 merged", written=(REL,)),
     # --- unreadable shards and columns
     Case("corrupt-base-shard", lambda c: put_bytes(c.p["base"] + REL, b"PAR1" + b"\x00" * 100 + b"PAR1"), 1,
