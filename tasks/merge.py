@@ -41,6 +41,12 @@ class Job:
     def fingerprint(self) -> str:
         return self.pipeline.fingerprint
 
+    @property
+    def key_columns(self) -> set[str]:
+        """The dataset key and every operation's target key: unique per row."""
+        ds = self.pipeline.dataset
+        return {ds.key_column, *(op.keys(ds)[0] for op in self.pipeline.operations)}
+
     def base_uri(self, relpath: str) -> str:
         return storage.join(self.pipeline.dataset.main_prefix, relpath)
 
@@ -128,7 +134,7 @@ def write_output(job: Job, relpath: str, state: ShardState) -> ShardStats:
         meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"pandas"}
         meta[PROVENANCE_KEY] = json.dumps(provenance(job, state.records), sort_keys=True).encode()
         nbytes = storage.write_atomic(table.replace_schema_metadata(meta), job.output_uri(relpath),
-                                      row_group_size=state.row_group_size)
+                                      row_group_size=state.row_group_size, plain=job.key_columns)
     except Exception as exc:
         raise _fail(relpath, f"writing {job.output_uri(relpath)}", exc) from exc
     return ShardStats(relpath, table.num_rows, nbytes, skipped)

@@ -16,6 +16,7 @@ import posixpath
 import socket
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from urllib.parse import urlparse
@@ -137,26 +138,50 @@ def list_prefix(prefix: str) -> Listing:
 
 
 def read_footer(uri: str) -> pq.FileMetaData:
-    fs, path = filesystem(uri)
-    with fs.open(path, "rb") as f:
+    with open_parquet(uri) as f:
         return pq.ParquetFile(f).metadata
 
 
 def open_parquet(uri: str):
-    """A context-managed file object for pyarrow to read from."""
-    fs, path = filesystem(uri)
-    return fs.open(path, "rb")
-
-
-def write_atomic(table: pa.Table, uri: str, row_group_size: int | None = None) -> int:
-    """Write `table` as zstd parquet so that readers only ever see the complete file; returns bytes."""
-    sink = pa.BufferOutputStream()
-    # An empty input shard reports row groups of 0 rows; pyarrow refuses row_group_size=0.
-    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size or None)
-    data = sink.getvalue()
-    _check_write_path(uri)
+    """A context-managed file for pyarrow to read from: memory-mapped locally; on S3 without fsspec's
+    readahead cache, since pyarrow already asks for exactly the byte ranges (footer, column chunks) it needs."""
     fs, path = filesystem(uri)
     if is_s3(uri):
+        return fs.open(path, "rb", cache_type="none")
+    return pa.memory_map(path, "r")
+
+
+def dictionary_columns(schema: pa.Schema, plain: Iterable[str]) -> list[str]:
+    """Leaf columns worth dictionary encoding: not the unique key columns, not floating-point scores.
+    Both are high-cardinality, where a dictionary costs CPU and bytes for nothing."""
+    plain = set(plain)
+    out: list[str] = []
+
+    def walk(field: pa.Field, prefix: str) -> None:
+        name = prefix + field.name
+        if pa.types.is_struct(field.type):
+            for i in range(field.type.num_fields):
+                walk(field.type.field(i), name + ".")
+        elif name not in plain and not pa.types.is_floating(field.type):
+            out.append(name)
+
+    for field in schema:
+        walk(field, "")
+    return out
+
+
+def write_atomic(table: pa.Table, uri: str, row_group_size: int | None = None, plain: Iterable[str] = ()) -> int:
+    """Write `table` as zstd parquet so that readers only ever see the complete file; returns bytes.
+    `plain` names columns (such as unique keys) to keep out of dictionary encoding."""
+    _check_write_path(uri)
+    # An empty input shard reports row groups of 0 rows; pyarrow refuses row_group_size=0.
+    options = dict(compression="zstd", row_group_size=row_group_size or None,
+                   use_dictionary=dictionary_columns(table.schema, plain))
+    fs, path = filesystem(uri)
+    if is_s3(uri):
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, **options)
+        data = sink.getvalue()
         _put_s3(fs, path, data.to_pybytes())
         return data.size
     directory = os.path.dirname(path)
@@ -164,16 +189,16 @@ def write_atomic(table: pa.Table, uri: str, row_group_size: int | None = None) -
     # host and pid in the name, so sweep_stale can tell a dead writer's leftovers from a live one's
     temp = os.path.join(directory, f"{TEMP_MARK}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
     try:
-        with open(temp, "wb") as f:
-            f.write(memoryview(data))
-            f.flush()
+        pq.write_table(table, temp, **options)
+        with open(temp, "rb+") as f:
             os.fsync(f.fileno())
+        size = os.path.getsize(temp)
         os.replace(temp, path)
     except BaseException:
         if os.path.exists(temp):
             os.unlink(temp)
         raise
-    return data.size
+    return size
 
 
 def _put_s3(fs, path: str, data: bytes) -> None:
