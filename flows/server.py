@@ -23,6 +23,12 @@ SERVER_TUNING = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
     "DO_NOT_TRACK": "1",
+    # A run-scoped server schedules nothing and serves no automations: skip those services (faster start, less
+    # SQLite contention). Task runs, logs and artifacts are still recorded, so `prefect server start` on the
+    # same PREFECT_HOME shows past runs afterwards.
+    **{f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in (
+        "SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP", "TRIGGERS",
+        "EVENT_PERSISTER")},
 }
 START_TIMEOUT = 120.0
 
