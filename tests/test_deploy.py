@@ -19,7 +19,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
-GUIDE = ROOT / "docs" / "OPERATING.md"
+GUIDE = ROOT / "README.md"  # the operating guide is a section of it
 K8S_MARK = "# Kubernetes (uncomment to use)"
 # The guide's job command, with the image's /app paths (deploy/Dockerfile puts pipelines/ at /app/pipelines).
 JOB_COMMAND = ("sidecar-ops run /app/pipelines/example_merge_filters_dqm_ernie_image_aes.yaml --use-ray "
