@@ -1,4 +1,5 @@
 # Quickstart: `make demo` (install, build the demo dataset, dry-run, merge, verify) and `make test`.
+# The venv gets the test and benchmark extras (pytest, moto, hypothesis; duckdb and pandas as benchmark peers).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 $(BIN)/sidecar-ops: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,bench]'
 	@touch $@
 
 install: $(BIN)/sidecar-ops
@@ -20,8 +21,7 @@ test: install
 	$(BIN)/pytest -q
 
 bench: install
-	$(BIN)/pip install --quiet -e '.[test,bench]'
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py --size full
 
 clean:
 	rm -rf $(VENV) demo-data bench/data bench/out
