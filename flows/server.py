@@ -52,8 +52,10 @@ def prefect_home() -> Path:
 
 
 @contextlib.contextmanager
-def prefect_api(ui: bool = False):
-    """Yield the API URL to use; start (and afterwards stop) a local server when none is configured."""
+def prefect_api(ui: bool = False, while_starting=None):
+    """Yield the API URL to use; start (and afterwards stop) a local server when none is configured.
+
+    `while_starting` (e.g. importing the flow module) runs while the server boots, overlapping the two."""
     from prefect.settings import PREFECT_API_URL
 
     configured = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
@@ -73,6 +75,8 @@ def prefect_api(ui: bool = False):
              "--log-level", "WARNING", "--ui" if ui else "--no-ui"],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
+        if while_starting is not None:
+            while_starting()
         deadline = time.monotonic() + START_TIMEOUT
         while not healthy(url):
             if proc.poll() is not None:
