@@ -1,12 +1,14 @@
 """Start a merge run from the command line: one Prefect API, quiet consoles, the summary at the end."""
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
 
 NOISY_ON_CONSOLE = ("prefect.flow_runs", "prefect.task_runs", "prefect.engine", "prefect.task_engine",
-                    "prefect.flow_engine", "prefect._internal")
+                    "prefect.flow_engine", "prefect._internal",
+                    "EventsWorker", "APILogWorker")  # Prefect's background senders, named by class
 
 
 class _ConsoleFilter(logging.Filter):
@@ -28,6 +30,22 @@ def quiet_console(debug: bool) -> None:
                 handler.addFilter(_ConsoleFilter())
 
 
+# Ray's notice that a new local cluster enabled token authentication (a default, nothing for the user to do).
+RAY_NOTICES = ("ray._private.authentication.authentication_token_setup",)
+
+
+def prepare_ray(args) -> None:
+    """Ray wiring from the command line: workers learn about --debug; Ray's notices stay off the console."""
+    if not args.use_ray:
+        return
+    if args.debug:
+        os.environ["SIDECAR_OPS_DEBUG"] = "1"
+        return
+    os.environ.pop("SIDECAR_OPS_DEBUG", None)
+    for name in RAY_NOTICES:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def flush_api_logs() -> None:
     """Send buffered run logs while the server is still up (else: 'Error logging to API')."""
     from prefect.events.worker import EventsWorker
@@ -40,8 +58,9 @@ def flush_api_logs() -> None:
 def run_merge(args, output_prefix: str) -> int:
     from flows.server import prefect_api
 
-    with prefect_api(ui=args.debug) as api_url:
+    with prefect_api(ui=args.debug, while_starting=lambda: importlib.import_module("flows.merge")) as api_url:
         quiet_console(args.debug)
+        prepare_ray(args)
         from flows.merge import merge_flow
 
         print(f"merging {args.pipeline} -> {output_prefix} (Prefect API {api_url})", file=sys.stderr)

@@ -4,6 +4,7 @@ Run it with `sidecar-ops run PIPELINE.yaml ...` or `python flows/merge.py PIPELI
 """
 from __future__ import annotations
 
+import os
 import queue
 import re
 import time
@@ -17,6 +18,7 @@ from tasks.merge import Job
 from tasks.plan import make_plan, refuse_stale
 from tasks.prefect_tasks import merge_step, verify_step
 from tasks.progress import Progress
+from tasks.storage import sweep_stale
 from tasks.summary import RunFailed, Summary
 
 DEFAULT_MAX_INFLIGHT = 32
@@ -106,6 +108,8 @@ def merge_flow(pipeline: str, output_prefix: str, skip_existing: bool = True, ov
     plan = make_plan(job, overwrite=overwrite or not skip_existing)
     if not overwrite:
         refuse_stale(plan)
+    if swept := sweep_stale(output_prefix):
+        logger.info("removed %d leftover temp file(s)/upload(s) of killed writers under %s", swept, output_prefix)
     summary = Summary(output_prefix, total=len(plan.shards), skipped=len(plan.complete))
     logger.info("%d shards: %d complete, %d to merge (%d operations each) into %s", summary.total,
                 summary.skipped, len(plan.todo), len(pipe.operations), output_prefix)
@@ -123,6 +127,17 @@ def merge_flow(pipeline: str, output_prefix: str, skip_existing: bool = True, ov
     return summary.to_dict()
 
 
+# Non-secret settings every Ray worker needs to behave like the driver (the S3 endpoint and region, retry and
+# upload tuning, Prefect log levels). Credentials never travel: each node uses its own credential chain.
+FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_MAX_ATTEMPTS",
+                 "AWS_RETRY_MODE", "SIDECAR_OPS_PART_SIZE", "DO_NOT_TRACK")
+FORWARDED_ENV_PREFIXES = ("PREFECT_LOGGING_",)
+
+
+def forwarded_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k in FORWARDED_ENV or k.startswith(FORWARDED_ENV_PREFIXES)}
+
+
 def make_runner(use_ray: bool, ray_address: str | None, max_workers: int | None, task_cpus: float | None,
                 task_memory_gb: float | None):
     if not use_ray:
@@ -130,7 +145,9 @@ def make_runner(use_ray: bool, ray_address: str | None, max_workers: int | None,
     from flows.runners import make_task_runner
 
     return make_task_runner(use_ray=True, ray_address=ray_address, max_workers=max_workers,
-                            task_cpus=task_cpus, task_memory_gb=task_memory_gb)
+                            task_cpus=task_cpus, task_memory_gb=task_memory_gb,
+                            debug=os.environ.get("SIDECAR_OPS_DEBUG") == "1",
+                            init_kwargs={"runtime_env": {"env_vars": forwarded_env()}})
 
 
 if __name__ == "__main__":
