@@ -47,6 +47,16 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def _die_with_parent() -> None:
+    """In the server's process: get SIGTERM when the run that started it dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the run still stops the server on any exit it survives
+
+
 def prefect_home() -> Path:
     return Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser()
 
@@ -73,7 +83,7 @@ def prefect_api(ui: bool = False, while_starting=None):
         proc = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
              "--log-level", "WARNING", "--ui" if ui else "--no-ui"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     try:
         if while_starting is not None:
             while_starting()

@@ -59,6 +59,9 @@ def is_s3(uri: str) -> bool:
     return uri.startswith("s3://")
 
 
+CONNECT_TIMEOUT, READ_TIMEOUT = 10, 120  # seconds, per attempt
+
+
 @cache
 def _s3():
     import s3fs
@@ -67,8 +70,10 @@ def _s3():
     # (503 SlowDown), 5xx and connection errors with backoff; s3fs adds a few retries of its own on top.
     attempts = int(os.environ.get("AWS_MAX_ATTEMPTS") or DEFAULT_MAX_ATTEMPTS)
     mode = os.environ.get("AWS_RETRY_MODE") or DEFAULT_RETRY_MODE
+    # A bounded connect timeout: an unreachable endpoint fails (after the retries) instead of hanging.
     return s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True,
-                             config_kwargs={"retries": {"max_attempts": attempts, "mode": mode}})
+                             config_kwargs={"retries": {"max_attempts": attempts, "mode": mode},
+                                            "connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT})
 
 
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
