@@ -15,25 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+T0 = time.time()
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-T0 = time.time()
-
-
-def maxrss_mb() -> float:
-    """Peak RSS of this process image (VmHWM; getrusage's ru_maxrss would carry the parent's over fork+exec)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def rss_mb() -> float:
-    import os
-
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+from bench.workloads.common import maxrss_mb, rss_mb  # noqa: E402 (needs the sys.path line)
 
 
 def cli(args: list[str]) -> dict:
