@@ -31,7 +31,7 @@ SIZES = {
                   w5_shards=2, w5_rows=25_000, ray_overhead_tasks=50),
     "full": dict(repeats=3, w0_rows=1_000, w1_shards=16, w1_rows=250_000, w2_shards=1_000, w2_repeats=3,
                  w3_shards=1_000, w4_dry_shards=[10_000, 100_000], w4_mem_rows=250_000,
-                 w4_driver_shards=[1_000, 4_000], w5_shards=4, w5_rows=50_000, ray_overhead_tasks=50),
+                 w4_driver_shards=[1_000, 10_000], w5_shards=4, w5_rows=50_000, ray_overhead_tasks=50),
 }
 WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5")
 NEEDS_SERVER = {"W1", "W2", "W3", "W4", "W5"}

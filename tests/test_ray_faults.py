@@ -185,7 +185,7 @@ def flow_task_runs(pipeline: Path, expected: int, wait: float = 30) -> list:
 @pytest.fixture
 def resumable(tmp_path):
     """Enough shards that a run can be stopped part-way, and each a little slow."""
-    shards = 24
+    shards = 60
     return build(tmp_path, str(tmp_path / "data") + "/", shards=shards, rows=3000), shards
 
 

@@ -21,7 +21,7 @@ from reliability_fixtures import (REPO, allow_small_parts, assert_no_partial_sha
 from tasks import storage
 
 KILLS = 5
-SHARDS = 24
+SHARDS = 60
 ROWS = 300
 SUMMARY = re.compile(r"shards: (\d+) total, (\d+) merged, (\d+) skipped \(already complete\), (\d+) failed")
 
@@ -41,7 +41,7 @@ def kill_at_random_point(args: list[str], env: dict, output: str, rng: random.Ra
     try:
         wait_shards = rng.choice([0, 1, 1, 2, 3])
         if wait_shards == 0:  # somewhere in start-up, planning or the first shard
-            deadline = time.monotonic() + rng.uniform(1.0, 6.0)
+            deadline = time.monotonic() + rng.uniform(1.0, 4.0)
             while time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.02)
             where = "during start-up / first shards"
