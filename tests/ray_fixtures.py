@@ -40,8 +40,14 @@ def start_run(argv: list[str], env: dict[str, str], log_dir: Path) -> tuple[subp
     out, err = log_dir / "stdout.txt", log_dir / "stderr.txt"
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", *map(str, argv)], cwd=REPO, env=env,
-                                stdout=o, stderr=e, start_new_session=True)
+                                stdout=o, stderr=e, start_new_session=True, preexec_fn=default_sigint)
     return proc, out, err
+
+
+def default_sigint() -> None:
+    """Ctrl-C as in a terminal: a test runner started in the background (`cmd &`, nohup) inherits SIGINT
+    ignored, and an ignored signal stays ignored across exec, so the run would never see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def finish(proc: subprocess.Popen, out: Path, err: Path, timeout: float = RUN_TIMEOUT) -> tuple[int, str, str]:
