@@ -49,15 +49,13 @@ def chain_error(futures: list) -> str:
     return one_line(final_state(futures[-1]).result(raise_on_failure=False))
 
 
-def submit_shard(runner, job: Job, relpath: str, retries: int) -> list:
+def submit_shard(runner, job: Job, relpath: str, merge, verify) -> list:
     """Submit the chain of one shard; returns its futures, the verify future last."""
     futures, upstream = [], None
     for index in range(len(job.pipeline.operations)):
-        step = merge_step.with_options(retries=retries)
-        upstream = runner.submit(step, {"job": job, "relpath": relpath, "index": index, "state": upstream})
+        upstream = runner.submit(merge, {"job": job, "relpath": relpath, "index": index, "state": upstream})
         futures.append(upstream)
-    futures.append(runner.submit(verify_step.with_options(retries=retries),
-                                 {"job": job, "relpath": relpath, "stats": upstream}))
+    futures.append(runner.submit(verify, {"job": job, "relpath": relpath, "stats": upstream}))
     return futures
 
 
@@ -66,6 +64,7 @@ def run_shards(runner, job: Job, todo: list[str], summary: Summary, max_inflight
     """A sliding window of at most `max_inflight` shard chains; each shard's futures go once it is done."""
     finished: queue.Queue = queue.Queue()
     inflight: dict[str, list] = {}
+    merge, verify = merge_step.with_options(retries=retries), verify_step.with_options(retries=retries)  # once
 
     def collect_one() -> None:
         relpath = finished.get()
@@ -87,7 +86,7 @@ def run_shards(runner, job: Job, todo: list[str], summary: Summary, max_inflight
             collect_one()
         if fail_fast and summary.failed:
             break
-        inflight[relpath] = futures = submit_shard(runner, job, relpath, retries)
+        inflight[relpath] = futures = submit_shard(runner, job, relpath, merge, verify)
         futures[-1].add_done_callback(lambda _f, rel=relpath: finished.put(rel))
     while inflight:
         collect_one()
