@@ -22,7 +22,8 @@ def quiet_environment(debug: bool) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("PREFECT_UI_ENABLED", "false" if not debug else "true")
     if not debug:
-        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+        # Prefect's own log level stays as configured (INFO by default), so every run and task log reaches the
+        # API and the UI; flows/launch.py keeps those records off the console instead.
         os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 

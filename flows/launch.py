@@ -6,6 +6,8 @@ import logging
 import os
 import sys
 
+from flows.server import configured_api, prefect_api
+
 NOISY_ON_CONSOLE = ("prefect.flow_runs", "prefect.task_runs", "prefect.engine", "prefect.task_engine",
                     "prefect.flow_engine", "prefect._internal",
                     "EventsWorker", "APILogWorker")  # Prefect's background senders, named by class
@@ -55,10 +57,24 @@ def flush_api_logs() -> None:
     EventsWorker.drain_all(timeout=5)
 
 
-def run_merge(args, output_prefix: str) -> int:
-    from flows.server import prefect_api
+def server_host(args) -> str:
+    """Where a server this run starts must listen: loopback, unless Ray workers on other hosts report to it.
+    Joining a cluster is checked here, before anything starts: token, reachable head, a route back."""
+    if not args.use_ray:
+        return "127.0.0.1"
+    from flows import cluster
 
-    with prefect_api(ui=args.debug, while_starting=lambda: importlib.import_module("flows.merge")) as api_url:
+    target = cluster.ray_target(args.ray_address)
+    cluster.prepare(target)
+    if target.all_on_this_host or configured_api():
+        return "127.0.0.1"
+    return cluster.driver_host(target)
+
+
+def run_merge(args, output_prefix: str) -> int:
+    host = server_host(args)
+    with prefect_api(ui=args.debug, host=host,
+                     while_starting=lambda: importlib.import_module("flows.merge")) as api_url:
         quiet_console(args.debug)
         prepare_ray(args)
         from flows.merge import merge_flow

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import os
 import queue
-import re
 import time
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.artifacts import ProgressArtifact, publish_summary
 from tasks.config import check_output_prefix, load_pipeline
+from tasks.errors import one_line
 from tasks.merge import Job
 from tasks.plan import make_plan, refuse_stale
 from tasks.prefect_tasks import merge_step, verify_step
@@ -22,16 +22,7 @@ from tasks.storage import sweep_stale
 from tasks.summary import RunFailed, Summary
 
 DEFAULT_MAX_INFLIGHT = 32
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def one_line(exc: BaseException | None) -> str:
-    """The first line of an error; for a Ray task error, of its cause (Ray's own header says little)."""
-    cause = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError wraps the task's exception
-    if isinstance(cause, BaseException):
-        exc = cause
-    text = ANSI.sub("", str(exc) if exc is not None else "unknown failure").strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+PLAN_LINES = 20  # untrusted outputs named one per log line; the rest are counted
 
 
 def final_state(future):
@@ -60,7 +51,7 @@ def submit_shard(runner, job: Job, relpath: str, merge, verify) -> list:
 
 
 def run_shards(runner, job: Job, todo: list[str], summary: Summary, max_inflight: int, fail_fast: bool,
-               retries: int, progress: Progress) -> None:
+               retries: int, progress: Progress, ui: ProgressArtifact, logger) -> None:
     """A sliding window of at most `max_inflight` shard chains; each shard's futures go once it is done."""
     finished: queue.Queue = queue.Queue()
     inflight: dict[str, list] = {}
@@ -77,9 +68,14 @@ def run_shards(runner, job: Job, todo: list[str], summary: Summary, max_inflight
             summary.bytes += stats.bytes
             summary.ops_skipped += stats.skipped_ops
             progress.update(done=1, rows=stats.rows)
+            skipped = f", {stats.skipped_ops} operation(s) skipped (no sibling)" if stats.skipped_ops else ""
+            logger.info("shard %s merged: %d rows, %d bytes%s", relpath, stats.rows, stats.bytes, skipped)
         else:
-            summary.failed.append((relpath, chain_error(futures)))
+            error = chain_error(futures)
+            summary.failed.append((relpath, error))
             progress.update(failed=1)
+            logger.error("shard %s FAILED: %s", relpath, error)
+        ui.update(summary.skipped + summary.merged + len(summary.failed))
 
     for relpath in todo:
         while len(inflight) >= max_inflight:
@@ -110,20 +106,38 @@ def merge_flow(pipeline: str, output_prefix: str, skip_existing: bool = True, ov
     if swept := sweep_stale(output_prefix):
         logger.info("removed %d leftover temp file(s)/upload(s) of killed writers under %s", swept, output_prefix)
     summary = Summary(output_prefix, total=len(plan.shards), skipped=len(plan.complete))
-    logger.info("%d shards: %d complete, %d to merge (%d operations each) into %s", summary.total,
-                summary.skipped, len(plan.todo), len(pipe.operations), output_prefix)
+    log_plan(logger, plan, summary)
     progress = Progress("merge", summary.total)
     progress.update(skipped=summary.skipped)
+    ui = ProgressArtifact("merge-progress", summary.total, f"shards finished of {summary.total}: {output_prefix}")
+    ui.update(summary.skipped)
     if plan.todo:
         with make_runner(use_ray, ray_address, max_workers, task_cpus, task_memory_gb) as runner:
-            run_shards(runner, job, plan.todo, summary, max(1, max_inflight), fail_fast, retries, progress)
+            run_shards(runner, job, plan.todo, summary, max(1, max_inflight), fail_fast, retries, progress, ui,
+                       logger)
     progress.close()
+    ui.update(summary.skipped + summary.merged + len(summary.failed), final=True)
     summary.seconds = time.monotonic() - start
-    create_markdown_artifact(key="merge-summary", markdown="```\n" + "\n".join(summary.lines()) + "\n```",
-                             description=f"merge of {pipeline}")
+    for line in summary.lines():
+        logger.info(line)
+    publish_summary(summary, pipeline)
     if not summary.ok:
         raise RunFailed(summary)
     return summary.to_dict()
+
+
+def log_plan(logger, plan, summary: Summary) -> None:
+    logger.info("%d shards: %d complete, %d to merge (%d operations each) into %s", summary.total,
+                summary.skipped, len(plan.todo), len(plan.job.pipeline.operations), plan.job.output_prefix)
+    for index, op in enumerate(plan.job.pipeline.operations):
+        missing = plan.missing_siblings(index)
+        logger.info("operations[%d] %s: %d sibling shards found, %d missing%s", index, op.describe(),
+                    len(plan.base.shards) - len(missing), len(missing),
+                    " (skipped there: required: false)" if missing and not op.required else "")
+    for relpath, why in plan.broken[:PLAN_LINES]:
+        logger.info("shard %s: existing output not trusted (%s); recomputing", relpath, why)
+    if len(plan.broken) > PLAN_LINES:
+        logger.info("... and %d more untrusted outputs, recomputing", len(plan.broken) - PLAN_LINES)
 
 
 # Non-secret settings every Ray worker needs to behave like the driver (the S3 endpoint and region, retry and

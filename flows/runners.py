@@ -50,6 +50,9 @@ from prefect.utilities.engine import collect_task_run_inputs_sync
 from prefect_ray.context import RemoteOptionsContext
 from prefect_ray.task_runners import PrefectRayFuture, RayTaskRunner
 
+from flows import cluster
+from tasks.errors import ConfigError, one_line
+
 __all__ = ["FastRayTaskRunner", "make_task_runner", "serialize_context_fast"]
 
 # Keys of prefect.context.serialize_context() this module knows about. We
@@ -321,10 +324,17 @@ class FastRayTaskRunner(RayTaskRunner):
             self._owns_ray = False
             return self
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no telemetry
-        address = self.address or os.environ.get("RAY_ADDRESS") or "local"
-        self.logger.info("Starting Ray (address=%s)", address)
-        self._ray_context = ray.init(address=address, **self.init_kwargs)
+        target = cluster.ray_target(self.address)
+        cluster.prepare(target)
+        self.logger.info("Starting Ray (address=%s)", target.address or "local")
+        try:
+            self._ray_context = ray.init(address=target.address or "local", **self.init_kwargs)
+        except (ConnectionError, RuntimeError, ray.exceptions.AuthenticationError) as exc:
+            raise ConfigError(f"cannot join Ray at {target.address}: {one_line(exc)}") from None
         self._owns_ray = True
+        api_url = PREFECT_API_URL.value()
+        if api_url and not target.all_on_this_host:
+            cluster.check_api_reachable(api_url)
         return self
 
 

@@ -1,13 +1,17 @@
 """One Prefect API for the whole run.
 
-With PREFECT_API_URL set, that server is used. Otherwise the run starts one local Prefect server on
-loopback (SQLite under PREFECT_HOME), tuned so its task run recorder keeps up with shard tasks, and
-stops it at the end. Every Ray worker gets the same URL, so none starts a temporary server of its own.
+With PREFECT_API_URL set, that server is used. Otherwise the run starts one Prefect server of its own
+(SQLite under PREFECT_HOME), tuned so its task run recorder keeps up with shard tasks, and stops it at the
+end. Every Ray worker gets the same URL, so none starts a temporary server of its own. The server listens
+on loopback, or, when workers on other hosts must reach it, on the address they know this host by; it is
+then protected by a random per-run credential (Prefect's API auth string) that only the run's own
+settings carry: never printed, never in the environment of a Ray job, an output or a Prefect record.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -33,9 +37,9 @@ SERVER_TUNING = {
 START_TIMEOUT = 120.0
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -61,27 +65,38 @@ def prefect_home() -> Path:
     return Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser()
 
 
-@contextlib.contextmanager
-def prefect_api(ui: bool = False, while_starting=None):
-    """Yield the API URL to use; start (and afterwards stop) a local server when none is configured.
-
-    `while_starting` (e.g. importing the flow module) runs while the server boots, overlapping the two."""
+def configured_api() -> str | None:
     from prefect.settings import PREFECT_API_URL
 
-    configured = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
+    return os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
+
+
+@contextlib.contextmanager
+def prefect_api(ui: bool = False, while_starting=None, host: str = "127.0.0.1"):
+    """Yield the API URL to use; start (and afterwards stop) a server when none is configured.
+
+    `host` is the address to listen on; any other than loopback gets a per-run credential.
+    `while_starting` (e.g. importing the flow module) runs while the server boots, overlapping the two."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL
+
+    configured = configured_api()
     if configured:
         yield configured
         return
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
+    port = free_port(host)
+    url = f"http://{host}:{port}/api"
+    protect = host != "127.0.0.1"
+    auth = f"sidecar-ops:{secrets.token_urlsafe(32)}" if protect else None
     home = prefect_home()
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "sidecar-ops-server.log"
     env = {**os.environ, **SERVER_TUNING, "PREFECT_UI_ENABLED": "true" if ui else "false"}
     env.pop("PREFECT_API_URL", None)
+    if auth:
+        env["PREFECT_SERVER_API_AUTH_STRING"] = auth  # the environment, never the command line
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
+            [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
              "--log-level", "WARNING", "--ui" if ui else "--no-ui"],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     try:
@@ -97,7 +112,9 @@ def prefect_api(ui: bool = False, while_starting=None):
         from prefect.settings import temporary_settings
 
         os.environ["PREFECT_API_URL"] = url  # inherited by Ray workers and child processes
-        with temporary_settings({PREFECT_API_URL: url}):
+        # The credential lives only in this process's settings; Ray workers get it inside the settings each
+        # task carries (flows/runners.py), not through their environment.
+        with temporary_settings({PREFECT_API_URL: url, **({PREFECT_API_AUTH_STRING: auth} if auth else {})}):
             yield url
     finally:
         os.environ.pop("PREFECT_API_URL", None)

@@ -46,7 +46,8 @@ def verify_shard(job: Job, shard: ShardTask, specs: tuple) -> ShardResult:
 
 def prefect_runner(runner, max_inflight: int):
     """A tasks.verify Runner that submits shard checks to a Prefect task runner, at most max_inflight at once."""
-    from flows.merge import final_state, one_line
+    from flows.merge import final_state
+    from tasks.errors import one_line
 
     def run(job: Job, specs: tuple, shards: list[ShardTask]):
         pending, inflight, finished = deque(shards), {}, queue.Queue()
@@ -106,7 +107,7 @@ def _normalized(prefix: str | None) -> str:
 
 def main(args) -> int:
     """`sidecar-ops verify`: 0 when every check passes, 1 when any fails; ConfigError (exit 2) for bad input."""
-    from flows.launch import flush_api_logs, quiet_console
+    from flows.launch import flush_api_logs, prepare_ray, quiet_console, server_host
     from flows.server import prefect_api
 
     output = _normalized(args.output_prefix)
@@ -115,8 +116,9 @@ def main(args) -> int:
     samples = DEFAULT_SAMPLES if args.samples is None else args.samples
     if samples < 0:
         raise ConfigError(f"--samples must be 0 or more, got {samples}")
-    with prefect_api(ui=args.debug) as api_url:
+    with prefect_api(ui=args.debug, host=server_host(args)) as api_url:
         quiet_console(args.debug)
+        prepare_ray(args)
         print(f"verifying {args.pipeline} -> {output} (Prefect API {api_url})", file=sys.stderr)
         try:
             report = verify_flow(

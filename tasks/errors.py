@@ -1,4 +1,16 @@
 """The two kinds of failure users see, each rendered as one line."""
+import re
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def one_line(exc: BaseException | None) -> str:
+    """The first line of an error; for a Ray task error, of its cause (Ray's own header says little)."""
+    cause = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError wraps the task's exception
+    if isinstance(cause, BaseException):
+        exc = cause
+    text = ANSI.sub("", str(exc) if exc is not None else "unknown failure").strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class ConfigError(ValueError):
