@@ -190,5 +190,5 @@ def check_api_reachable(api_url: str) -> None:
     failed = [(node, why) for node, why in results if why]
     if failed:
         node, why = failed[0]
-        raise ConfigError(f"Ray node {node} cannot reach this run's Prefect API at {api_url} ({why}); "
+        raise ConfigError(f"Ray node {node} cannot reach the Prefect API at {api_url} ({why}); "
                           f"{SET_API_URL}") from None

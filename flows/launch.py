@@ -9,7 +9,7 @@ import sys
 from flows.server import configured_api, prefect_api
 
 NOISY_ON_CONSOLE = ("prefect.flow_runs", "prefect.task_runs", "prefect.engine", "prefect.task_engine",
-                    "prefect.flow_engine", "prefect._internal",
+                    "prefect.flow_engine", "prefect._internal", "prefect.task_runner",
                     "EventsWorker", "APILogWorker")  # Prefect's background senders, named by class
 
 
