@@ -5,7 +5,7 @@ loopback. A run that joins an existing cluster (`--ray-address HOST:PORT`, `auto
 its server's URL to workers on other hosts, so the server listens on the address the cluster knows this host
 by (the source address of the route to the head) and is protected by a per-run credential.
 
-Ray token authentication (`RAY_AUTH_MODE=token`, the default of new clusters since Ray 2.52) is found the way
+Ray token authentication (`RAY_AUTH_MODE=token`, the default of new clusters in Ray 2.60) is found the way
 Ray documents it: `RAY_AUTH_TOKEN`, the file at `RAY_AUTH_TOKEN_PATH`, or `~/.ray/auth_token`. Before joining,
 the driver asks the head for its cluster id over gRPC, so a missing or wrong token, or an unreachable head,
 is one line instead of a minute of retries and a traceback.

@@ -34,6 +34,13 @@ def quiet_console(debug: bool) -> None:
 
 # Ray's notice that a new local cluster enabled token authentication (a default, nothing for the user to do).
 RAY_NOTICES = ("ray._private.authentication.authentication_token_setup",)
+# Ray client mode connects from a thread Prefect runs the flow in, and says so; nothing for the user to do.
+RAY_CHATTER = ("SIGTERM handler is not set",)
+
+
+class _RayChatterFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(RAY_CHATTER)
 
 
 def prepare_ray(args) -> None:
@@ -46,6 +53,7 @@ def prepare_ray(args) -> None:
     os.environ.pop("SIDECAR_OPS_DEBUG", None)
     for name in RAY_NOTICES:
         logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger("ray._private.worker").addFilter(_RayChatterFilter())
 
 
 def flush_api_logs() -> None:
