@@ -37,6 +37,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=None, help="shards whose footers (dry run) or data (verify) "
                    "are sampled")
     p.add_argument("--debug", action="store_true", help="tracebacks and full Prefect/Ray logs")
+    p.add_argument("--keep-run-history", action="store_true", help="when the run starts its own Prefect server, "
+                   "keep its records in $PREFECT_HOME/prefect.db (grows with every run) instead of a database "
+                   "removed at the end")
     ray = p.add_argument_group("ray")
     ray.add_argument("--use-ray", action="store_true", help="run shard tasks on Ray (local, or --ray-address)")
     ray.add_argument("--ray-address", default=None, help="existing cluster: auto, or ray://head:10001 "

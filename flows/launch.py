@@ -81,7 +81,7 @@ def server_host(args) -> str:
 
 def run_merge(args, output_prefix: str) -> int:
     host = server_host(args)
-    with prefect_api(ui=args.debug, host=host,
+    with prefect_api(ui=args.debug, host=host, keep_history=args.keep_run_history, announce=args.debug,
                      while_starting=lambda: importlib.import_module("flows.merge")) as api_url:
         quiet_console(args.debug)
         prepare_ray(args)

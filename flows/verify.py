@@ -116,7 +116,8 @@ def main(args) -> int:
     samples = DEFAULT_SAMPLES if args.samples is None else args.samples
     if samples < 0:
         raise ConfigError(f"--samples must be 0 or more, got {samples}")
-    with prefect_api(ui=args.debug, host=server_host(args)) as api_url:
+    with prefect_api(ui=args.debug, host=server_host(args), keep_history=args.keep_run_history,
+                     announce=args.debug) as api_url:
         quiet_console(args.debug)
         prepare_ray(args)
         print(f"verifying {args.pipeline} -> {output} (Prefect API {api_url})", file=sys.stderr)

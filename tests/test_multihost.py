@@ -194,7 +194,7 @@ def test_two_host_run_without_prefect_api_url_equals_the_thread_runner(cluster, 
     watch.start()
     proc = subprocess.Popen([str(BIN / "sidecar-ops"), "run", str(data.pipeline), "--output-prefix", out_prefix,
                              "--use-ray", "--ray-address", cluster.address, "--task-cpus", "1",
-                             "--max-inflight", "4"], cwd=REPO, env=driver_env(s3, home, tag, cluster),
+                             "--max-inflight", "4", "--keep-run-history"], cwd=REPO, env=driver_env(s3, home, tag, cluster),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT)

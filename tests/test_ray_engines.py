@@ -107,7 +107,8 @@ def ray_run(setup, tmp_path_factory):
     out = setup.root + "out-ray/"
     home = work / "prefect-home"
     tag = new_tag()
-    proc, stdout_path, stderr_path = start_run([setup.pipeline, "--output-prefix", out, "--use-ray"],
+    proc, stdout_path, stderr_path = start_run([setup.pipeline, "--output-prefix", out, "--use-ray",
+                                                "--keep-run-history"],
                                                driver_env(tag, home, None), work)
     watch = Watch(tag)
     watch.start()
