@@ -84,7 +84,7 @@ def prefect_api(ui: bool = False, while_starting=None, host: str = "127.0.0.1", 
     under PREFECT_HOME, which `prefect server start` shows later) or PREFECT_API_DATABASE_CONNECTION_URL is set.
     `while_starting` (e.g. importing the flow module) runs while the server boots, overlapping the two.
     `announce` says on stderr where the server's log and database are."""
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
     configured = configured_api()
     if configured:
@@ -132,7 +132,10 @@ def prefect_api(ui: bool = False, while_starting=None, host: str = "127.0.0.1", 
         os.environ["PREFECT_API_URL"] = url  # inherited by Ray workers and child processes
         # The credential lives only in this process's settings; Ray workers get it inside the settings each
         # task carries (flows/runners.py), not through their environment.
-        with temporary_settings({PREFECT_API_URL: url, **({PREFECT_API_AUTH_STRING: auth} if auth else {})}):
+        # No flow run heartbeats: they serve crash detection on a long-lived server, and this one ends with the
+        # run; their thread only delays the end of every run by up to a second.
+        with temporary_settings({PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+                                 **({PREFECT_API_AUTH_STRING: auth} if auth else {})}):
             yield url
     finally:
         os.environ.pop("PREFECT_API_URL", None)
