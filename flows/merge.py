@@ -8,6 +8,7 @@ import os
 import queue
 import re
 import time
+import uuid
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -15,7 +16,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from tasks.config import check_output_prefix, load_pipeline
 from tasks.merge import Job
-from tasks.plan import make_plan, refuse_stale
+from tasks.plan import make_plan, refuse_foreign, refuse_unmatched
 from tasks.prefect_tasks import merge_step, verify_step
 from tasks.progress import Progress
 from tasks.storage import sweep_stale
@@ -47,6 +48,13 @@ def chain_error(futures: list) -> str:
         if state.is_failed() or state.is_crashed():
             return one_line(state.result(raise_on_failure=False))
     return one_line(final_state(futures[-1]).result(raise_on_failure=False))
+
+
+def run_id() -> str:
+    """This flow run's id (recorded in each output's provenance), or a fresh one outside a flow run."""
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id or uuid.uuid4())
 
 
 def submit_shard(runner, job: Job, relpath: str, merge, verify) -> list:
@@ -102,16 +110,18 @@ def merge_flow(pipeline: str, output_prefix: str, skip_existing: bool = True, ov
     logger = get_run_logger()
     start = time.monotonic()
     pipe = load_pipeline(pipeline, datasets_dir)
-    job = Job(pipe, output_prefix)
+    replace = overwrite or not skip_existing
+    job = Job(pipe, output_prefix, run_id=run_id(), overwrite=replace)
     check_output_prefix(pipe, output_prefix)
-    plan = make_plan(job, overwrite=overwrite or not skip_existing)
+    plan = make_plan(job, overwrite=replace)
+    refuse_unmatched(plan)
     if not overwrite:
-        refuse_stale(plan)
+        refuse_foreign(plan)
     if swept := sweep_stale(output_prefix):
         logger.info("removed %d leftover temp file(s)/upload(s) of killed writers under %s", swept, output_prefix)
-    summary = Summary(output_prefix, total=len(plan.shards), skipped=len(plan.complete))
-    logger.info("%d shards: %d complete, %d to merge (%d operations each) into %s", summary.total,
-                summary.skipped, len(plan.todo), len(pipe.operations), output_prefix)
+    summary = Summary(output_prefix, total=len(plan.shards), skipped=len(plan.complete), stale=len(plan.stale))
+    logger.info("%d shards: %d complete, %d to merge (%d stale) (%d operations each) into %s", summary.total,
+                summary.skipped, len(plan.todo), summary.stale, len(pipe.operations), output_prefix)
     progress = Progress("merge", summary.total)
     progress.update(skipped=summary.skipped)
     if plan.todo:
