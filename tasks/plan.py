@@ -122,10 +122,10 @@ def judge_output(job: Job, relpath: str, meta, inputs: dict) -> tuple[str, str]:
     return "complete", str(meta.num_rows)
 
 
-def output_status(job: Job, relpath: str, inputs: dict) -> tuple[str, str]:
+def output_status(job: Job, relpath: str, inputs: dict, size: int | None = None) -> tuple[str, str]:
     """('complete'|'stale'|'foreign'|'broken', detail) for an existing output shard, from its footer only."""
     try:
-        out = storage.read_footer(job.output_uri(relpath))
+        out = storage.read_footer(job.output_uri(relpath), size)
     except Exception as exc:
         return "broken", f"unreadable: {type(exc).__name__}"
     return judge_output(job, relpath, out, inputs)
@@ -159,7 +159,7 @@ def make_plan(job: Job, overwrite: bool = False) -> Plan:
         plan.todo = list(base.shards)
         return plan
     with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-        statuses = dict(zip(existing, pool.map(lambda rel: output_status(job, rel, plan.inputs(rel)), existing)))
+        statuses = dict(zip(existing, pool.map(lambda rel: output_status(job, rel, plan.inputs(rel), output.shards[rel]), existing)))
     for rel in base.shards:
         status, detail = statuses.get(rel, ("missing", ""))
         if status == "complete":

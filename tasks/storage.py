@@ -145,7 +145,7 @@ def file_identity(uri: str, opened=None) -> str:
     identity older than the content, never newer: the next run then sees the output as stale, the safe side."""
     if is_s3(uri):
         fs, path = filesystem(uri)
-        details = getattr(opened, "details", None) or fs.info(path)
+        details = opened.details if opened is not None else fs.info(path)
         return s3_identity(details)
     return local_identity(os.stat(uri))
 
@@ -195,17 +195,22 @@ def list_prefix(prefix: str) -> Listing:
     return Listing(prefix, shards, tuple(others), exists=True, ids=ids)
 
 
-def read_footer(uri: str) -> pq.FileMetaData:
-    with open_parquet(uri) as f:
+def read_footer(uri: str, size: int | None = None) -> pq.FileMetaData:
+    """The parquet footer; with the object's size known (from a listing), no HEAD request on S3."""
+    with open_parquet(uri, size) as f:
         return pq.ParquetFile(f).metadata
 
 
-def open_parquet(uri: str):
+def open_parquet(uri: str, size: int | None = None):
     """A context-managed file for pyarrow to read from: memory-mapped locally; on S3 without fsspec's
-    readahead cache, since pyarrow already asks for exactly the byte ranges (footer, column chunks) it needs."""
+    readahead cache, since pyarrow already asks for exactly the byte ranges (footer, column chunks) it needs.
+    `size` (from a listing) spares the HEAD request s3fs would otherwise make."""
     fs, path = filesystem(uri)
     if is_s3(uri):
-        return fs.open(path, "rb", cache_type="none")
+        f = fs.open(path, "rb", cache_type="none", size=size)
+        if size is not None:  # s3fs's range reads ask for `details` (a HEAD) unless they are already known
+            f._details = {"name": path, "size": size, "type": "file"}
+        return f
     return pa.memory_map(path, "r")
 
 
