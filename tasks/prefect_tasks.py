@@ -49,12 +49,13 @@ SHARD_TASK = dict(persist_result=False, cache_policy=NO_CACHE, retries=1, retry_
 
 
 def cached_output(job: Job, relpath: str, state: ShardState) -> ShardStats | None:
-    """Stats of the existing output when it is exactly what this state would write (same fingerprint, row
-    count and input key), else None. In an --overwrite run only an output this run wrote counts."""
+    """On a retry, stats of the existing output when it is exactly what this state would write (same
+    fingerprint, row count and input key), else None. In an --overwrite run only an output this run wrote
+    counts. A first attempt does not look (the plan just found no current output): no extra request per shard."""
     from tasks.plan import judge_output
 
-    if job.overwrite and task_run.run_count <= 1:
-        return None  # nothing this run wrote can be there before its first attempt
+    if task_run.run_count <= 1:
+        return None  # the plan found no current output; only an earlier attempt of this task can have written it
     uri = job.output_uri(relpath)
     try:
         with storage.open_parquet(uri) as f:

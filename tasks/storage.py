@@ -152,7 +152,7 @@ def file_identity(uri: str, opened=None) -> str:
 
 def file_size(uri: str, opened) -> int:
     """Size of an object opened with open_parquet, without another request."""
-    return int(opened.size) if is_s3(uri) else int(opened.size())
+    return int(opened.size) if is_s3(uri) else os.path.getsize(uri)
 
 
 def _walk_local(root: str):

@@ -14,7 +14,8 @@ from collections import Counter
 import pytest
 from core_fixtures import build, identities, read_meta, release_console_handlers
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId, FlowRunFilterName, TaskRunFilter,
+                                            TaskRunFilterName)
 
 from tasks import merge, storage
 from tasks.demo import relpaths
@@ -51,9 +52,13 @@ def inject(monkeypatch, relpath: str, attempt: int, after_write: bool) -> Counte
     return calls
 
 
-def task_states(name: str) -> list[str]:
+def task_states(pipeline, name: str) -> list[str]:
+    """States of the task runs called `name` in this test's (one) flow run of `pipeline`."""
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[name])))
+        (flow_run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(
+            any_=[f"merge {pipeline}"])))
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
+                                     task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[name])))
     return [run.state.name for run in runs]
 
 
@@ -73,7 +78,7 @@ def test_retry_after_write_is_cached_with_real_stats(tmp_path, monkeypatch, run)
     assert "operations skipped for missing siblings (required: false): 1" in out
     sizes = storage.list_prefix(setup.output).shards
     assert summary_numbers(out) == {"rows": SHARDS * 40, "bytes": sum(sizes.values())}
-    assert task_states(f"merge[2] {GAP}") == ["Cached"]
+    assert task_states(setup.pipeline, f"merge[2] {GAP}") == ["Cached"]
 
 
 def test_overwrite_retry_never_keeps_the_previous_output(tmp_path, monkeypatch, run):
