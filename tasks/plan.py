@@ -159,7 +159,8 @@ def make_plan(job: Job, overwrite: bool = False) -> Plan:
         plan.todo = list(base.shards)
         return plan
     with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-        statuses = dict(zip(existing, pool.map(lambda rel: output_status(job, rel, plan.inputs(rel), output.shards[rel]), existing)))
+        status = lambda rel: output_status(job, rel, plan.inputs(rel), output.shards[rel])  # noqa: E731
+        statuses = dict(zip(existing, pool.map(status, existing)))
     for rel in base.shards:
         status, detail = statuses.get(rel, ("missing", ""))
         if status == "complete":
