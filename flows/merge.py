@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import queue
 import time
+import uuid
 
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -15,7 +16,7 @@ from flows.artifacts import ProgressArtifact, publish_summary
 from tasks.config import check_output_prefix, load_pipeline
 from tasks.errors import one_line
 from tasks.merge import Job
-from tasks.plan import make_plan, refuse_stale
+from tasks.plan import make_plan, refuse_foreign, refuse_unmatched
 from tasks.prefect_tasks import merge_step, verify_step
 from tasks.progress import Progress
 from tasks.storage import sweep_stale
@@ -38,6 +39,13 @@ def chain_error(futures: list) -> str:
         if state.is_failed() or state.is_crashed():
             return one_line(state.result(raise_on_failure=False))
     return one_line(final_state(futures[-1]).result(raise_on_failure=False))
+
+
+def run_id() -> str:
+    """This flow run's id (recorded in each output's provenance), or a fresh one outside a flow run."""
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id or uuid.uuid4())
 
 
 def submit_shard(runner, job: Job, relpath: str, merge, verify) -> list:
@@ -98,14 +106,16 @@ def merge_flow(pipeline: str, output_prefix: str, skip_existing: bool = True, ov
     logger = get_run_logger()
     start = time.monotonic()
     pipe = load_pipeline(pipeline, datasets_dir)
-    job = Job(pipe, output_prefix)
+    replace = overwrite or not skip_existing
+    job = Job(pipe, output_prefix, run_id=run_id(), overwrite=replace)
     check_output_prefix(pipe, output_prefix)
-    plan = make_plan(job, overwrite=overwrite or not skip_existing)
+    plan = make_plan(job, overwrite=replace)
+    refuse_unmatched(plan)
     if not overwrite:
-        refuse_stale(plan)
+        refuse_foreign(plan)
     if swept := sweep_stale(output_prefix):
         logger.info("removed %d leftover temp file(s)/upload(s) of killed writers under %s", swept, output_prefix)
-    summary = Summary(output_prefix, total=len(plan.shards), skipped=len(plan.complete))
+    summary = Summary(output_prefix, total=len(plan.shards), skipped=len(plan.complete), stale=len(plan.stale))
     log_plan(logger, plan, summary)
     progress = Progress("merge", summary.total)
     progress.update(skipped=summary.skipped)
@@ -127,17 +137,19 @@ def merge_flow(pipeline: str, output_prefix: str, skip_existing: bool = True, ov
 
 
 def log_plan(logger, plan, summary: Summary) -> None:
-    logger.info("%d shards: %d complete, %d to merge (%d operations each) into %s", summary.total,
-                summary.skipped, len(plan.todo), len(plan.job.pipeline.operations), plan.job.output_prefix)
+    logger.info("%d shards: %d complete, %d to merge (%d stale) (%d operations each) into %s", summary.total,
+                summary.skipped, len(plan.todo), summary.stale, len(plan.job.pipeline.operations),
+                plan.job.output_prefix)
     for index, op in enumerate(plan.job.pipeline.operations):
         missing = plan.missing_siblings(index)
         logger.info("operations[%d] %s: %d sibling shards found, %d missing%s", index, op.describe(),
                     len(plan.base.shards) - len(missing), len(missing),
                     " (skipped there: required: false)" if missing and not op.required else "")
-    for relpath, why in plan.broken[:PLAN_LINES]:
-        logger.info("shard %s: existing output not trusted (%s); recomputing", relpath, why)
-    if len(plan.broken) > PLAN_LINES:
-        logger.info("... and %d more untrusted outputs, recomputing", len(plan.broken) - PLAN_LINES)
+    for what, outputs in (("made from other inputs", plan.stale), ("not trusted", plan.broken)):
+        for relpath, why in outputs[:PLAN_LINES]:
+            logger.info("shard %s: existing output %s (%s); recomputing", relpath, what, why)
+        if len(outputs) > PLAN_LINES:
+            logger.info("... and %d more outputs %s, recomputing", len(outputs) - PLAN_LINES, what)
 
 
 # Non-secret settings every Ray worker needs to behave like the driver (the S3 endpoint and region, retry and

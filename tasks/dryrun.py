@@ -28,7 +28,9 @@ def dry_run(pipeline: Pipeline, output_prefix: str, samples: int = 20, overwrite
     say(f"main_prefix (base):     {ds.main_prefix}")
     say(f"sidecar_prefix (yaml):  {ds.sidecar_prefix}")
     say(f"output prefix (effective): {output_prefix}")
-    say(f"shards:                 {len(plan.shards)} (+{len(plan.base.others)} other objects ignored: not *.parquet, or empty)")
+    say(f"shards:                 {len(plan.shards)} (+{len(plan.base.others)} other objects ignored: not *.parquet)")
+    if empty := plan.base.empty_shards:
+        problems.append(f"{len(empty)} base shard(s) are empty (0 bytes), a run fails them: {_some(empty)}")
     for i, op in enumerate(pipeline.operations):
         missing, extra = plan.missing_siblings(i), plan.extra_siblings(i)
         say(f"operations[{i}]: {op.describe()} mode={op.mode} columns={list(op.columns or ['(all)'])}")
@@ -42,13 +44,17 @@ def dry_run(pipeline: Pipeline, output_prefix: str, samples: int = 20, overwrite
             line = f"operations[{i}] ({op.describe()}): {len(missing)} sibling shard(s) missing: {_some(missing)}"
             (problems.append(line) if op.required else say(f"    skipped where missing (required: false): "
                                                           f"{_some(missing)}"))
+    problems += plan.unmatched_optional()
     say(f"outputs complete:       {len(plan.complete)}")
+    if plan.stale:
+        say(f"outputs stale (inputs changed since written; recomputed): {len(plan.stale)}: "
+            f"{_some([f'{r} ({why})' for r, why in plan.stale])}")
     say(f"shards to process:      {len(plan.todo)}")
     if plan.broken:
         say(f"outputs to recompute (untrusted): {_some([f'{r} ({why})' for r, why in plan.broken])}")
-    if plan.stale and not overwrite:
-        problems.append(f"{len(plan.stale)} existing output(s) were written by a different pipeline: "
-                        f"{_some([r for r, _ in plan.stale])} (a real run refuses; use --overwrite)")
+    if plan.foreign and not overwrite:
+        problems.append(f"{len(plan.foreign)} existing output(s) were written by a different pipeline: "
+                        f"{_some([r for r, _ in plan.foreign])} (a real run refuses; use --overwrite)")
     if plan.output_strays:
         say(f"other objects already in the output prefix: {_some(plan.output_strays)}")
     schema, schema_problems = inspect_schemas(plan, samples)

@@ -5,6 +5,7 @@ between steps is a `ShardState` (the table plus provenance records); everything 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,9 @@ from tasks.errors import ShardError
 from tasks.ops.merge_from_sidecar import unreadable_parquet
 
 PROVENANCE_KEY = b"sidecar_ops"
+# Bump whenever the kernel's output for the same inputs and pipeline would change (column order, types, encoding
+# of values, provenance needed for resume): every output written before then becomes stale and is recomputed.
+MERGE_SEMANTICS_VERSION = 2
 
 
 def tool_version() -> str:
@@ -36,6 +40,8 @@ class Job:
 
     pipeline: Pipeline
     output_prefix: str
+    run_id: str = ""         # recorded in provenance: tells this run's outputs from earlier runs' ones
+    overwrite: bool = False  # this run replaces existing outputs: only ones it wrote itself count as done
 
     @property
     def fingerprint(self) -> str:
@@ -59,6 +65,25 @@ class ShardState:
     table: pa.Table
     row_group_size: int | None
     records: list[dict] = field(default_factory=list)
+    base_input: str = ""  # identity of the base shard as read (storage.file_identity)
+
+    def inputs(self) -> dict:
+        """What this shard was made from: the base's identity and each operation's sibling's (or 'absent')."""
+        return shard_inputs(self.base_input, [r.get("input") for r in self.records])
+
+
+def shard_inputs(base: str, siblings: list[str | None]) -> dict:
+    return {"base": base, "operations": list(siblings)}
+
+
+def shard_key(fingerprint: str, relpath: str, inputs: dict) -> str:
+    """The identity of an output shard's content: pipeline, merge semantics, shard path and input identities.
+
+    The one function behind resume: the planner computes it from listings, the shard task from what it read,
+    and each output records the key it was made under; equal keys mean the output is current."""
+    blob = json.dumps({"semantics": MERGE_SEMANTICS_VERSION, "fingerprint": fingerprint, "relpath": relpath,
+                       "inputs": inputs}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -89,13 +114,14 @@ def read_base(job: Job, relpath: str) -> ShardState:
     image = job.pipeline.dataset.image_column
     try:
         with storage.open_parquet(uri) as f:
+            identity = storage.file_identity(uri, f)
             pf = pq.ParquetFile(f)
             names = [n for n in pf.schema_arrow.names if n != image]
             table = pf.read(columns=names, use_threads=True)
             groups = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
     except Exception as exc:  # corrupt, vanished or unreadable: say which shard
         raise _fail(relpath, f"reading base shard {uri}", exc) from exc
-    return ShardState(table, max(groups) if groups else None)
+    return ShardState(table, max(groups) if groups else None, base_input=identity)
 
 
 def apply_step(job: Job, relpath: str, index: int, state: ShardState) -> ShardState:
@@ -104,15 +130,18 @@ def apply_step(job: Job, relpath: str, index: int, state: ShardState) -> ShardSt
         table, record = op.apply(state.table, job.pipeline.dataset, relpath)
     except Exception as exc:
         raise _fail(relpath, f"operations[{index}] ({op.describe()})", exc) from exc
-    return ShardState(table, state.row_group_size, [*state.records, record])
+    return ShardState(table, state.row_group_size, [*state.records, record], state.base_input)
 
 
-def provenance(job: Job, records: list[dict]) -> dict:
+def provenance(job: Job, relpath: str, state: ShardState) -> dict:
     ds = job.pipeline.dataset
+    inputs = state.inputs()
     return {"fingerprint": job.fingerprint, "dataset": ds.name, "main_prefix": ds.main_prefix,
-            "source_inference": ds.source_inference, "operations": records,
+            "source_inference": ds.source_inference, "operations": state.records,
+            "inputs": inputs, "input_key": shard_key(job.fingerprint, relpath, inputs),
+            "rows": state.table.num_rows, "merge_semantics": MERGE_SEMANTICS_VERSION, "run_id": job.run_id,
             "tool": "sidecar-ops", "tool_version": tool_version(),
-            "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            "written_at": datetime.now(timezone.utc).isoformat(timespec="microseconds")}
 
 
 def check_extensions(job: Job, schema: pa.Schema, allow_missing: bool = False) -> None:
@@ -132,7 +161,7 @@ def write_output(job: Job, relpath: str, state: ShardState) -> ShardStats:
     try:
         check_extensions(job, table.schema, allow_missing=skipped > 0)
         meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"pandas"}
-        meta[PROVENANCE_KEY] = json.dumps(provenance(job, state.records), sort_keys=True).encode()
+        meta[PROVENANCE_KEY] = json.dumps(provenance(job, relpath, state), sort_keys=True).encode()
         nbytes = storage.write_atomic(table.replace_schema_metadata(meta), job.output_uri(relpath),
                                       row_group_size=state.row_group_size, plain=job.key_columns)
     except Exception as exc:

@@ -1,7 +1,13 @@
 """The shard plan: one listing per prefix, footers of existing outputs, and what is left to do.
 
-The output shard is the only truth about progress: an output counts as complete when it is readable
-parquet with the base shard's row count and this pipeline's fingerprint. No markers, no manifests.
+The output shard is the only truth about progress: an output counts as complete when it is readable parquet
+with this pipeline's fingerprint, the row count and the input identities it recorded equal to the current
+base and siblings (merge.shard_key over the listings). No markers, no manifests, no shard data read.
+An existing output is one of:
+  complete  current: kept
+  stale     made from other inputs (a source or the base changed, or an older version wrote it): recomputed
+  foreign   written by a different pipeline (another fingerprint, or no provenance): the run refuses
+  broken    unreadable, or a row count different from the one recorded: recomputed
 """
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ import pyarrow as pa
 
 from tasks import storage
 from tasks.errors import ConfigError, ShardError
-from tasks.merge import Job, check_extensions, read_provenance
+from tasks.merge import Job, check_extensions, read_provenance, shard_inputs, shard_key
+from tasks.ops.merge_from_sidecar import ABSENT
 
 FOOTER_THREADS = 32
 
@@ -25,8 +32,9 @@ class Plan:
     output: storage.Listing
     complete: list[str] = field(default_factory=list)
     todo: list[str] = field(default_factory=list)
-    stale: list[tuple[str, str]] = field(default_factory=list)   # (relpath, their fingerprint)
-    broken: list[tuple[str, str]] = field(default_factory=list)  # (relpath, why it is not trusted)
+    stale: list[tuple[str, str]] = field(default_factory=list)    # (relpath, which inputs changed)
+    foreign: list[tuple[str, str]] = field(default_factory=list)  # (relpath, their fingerprint)
+    broken: list[tuple[str, str]] = field(default_factory=list)   # (relpath, why it is not trusted)
 
     @property
     def shards(self) -> list[str]:
@@ -35,6 +43,22 @@ class Plan:
     def missing_siblings(self, index: int) -> list[str]:
         have = self.sources[index].shards
         return [rel for rel in self.base.shards if rel not in have]
+
+    def inputs(self, relpath: str) -> dict:
+        """The identities of relpath's inputs as listed now (an absent sibling is 'absent')."""
+        return shard_inputs(self.base.ids.get(relpath, ""),
+                            [src.ids.get(relpath, ABSENT) for src in self.sources])
+
+    def unmatched_optional(self) -> list[str]:
+        """One line per `required: false` operation that has a sibling for none of the base shards."""
+        lines = []
+        for i, op in enumerate(self.job.pipeline.operations):
+            if not op.required and not any(rel in self.sources[i].shards for rel in self.base.shards):
+                state = "does not exist" if not self.sources[i].exists else "holds none of their relative paths"
+                lines.append(f"operations[{i}] ({op.describe()}) has required: false, but its source_prefix "
+                             f"{op.source_prefix} {state}: it would be skipped for all {len(self.base.shards)} "
+                             "base shards; check source_prefix for a typo, or remove the operation")
+        return lines
 
     def extra_siblings(self, index: int) -> list[str]:
         return [rel for rel in self.sources[index].shards if rel not in self.base.shards]
@@ -70,26 +94,41 @@ def plain_relpath(relpath: str) -> bool:
     return True
 
 
-def output_status(job: Job, relpath: str) -> tuple[str, str]:
-    """('complete'|'stale'|'broken', detail) for an existing output shard, from footers only.
+def changed_inputs(recorded: dict | None, current: dict) -> str:
+    """Which inputs differ between an output's recorded identities and the current ones, in words."""
+    if not recorded:
+        return "written without input identities (an older version)"
+    names = [] if recorded.get("base") == current["base"] else ["base shard"]
+    old_ops = list(recorded.get("operations") or [])
+    for i, ident in enumerate(current["operations"]):
+        if i >= len(old_ops) or old_ops[i] != ident:
+            names.append(f"operations[{i}] sibling")
+    return ", ".join(names) + " changed" if names else "merge semantics changed"
 
-    For a complete shard the detail is its row count."""
+
+def judge_output(job: Job, relpath: str, meta, inputs: dict) -> tuple[str, str]:
+    """(status, detail) of an existing output shard, given its footer and the inputs it must have been made
+    from. The shared decision behind resume: the planner passes inputs from listings, the shard task those
+    it read. For a complete shard the detail is its row count."""
+    prov = read_provenance(meta)
+    if prov is None:
+        return "foreign", "(no sidecar_ops provenance)"
+    if prov.get("fingerprint") != job.fingerprint:
+        return "foreign", str(prov.get("fingerprint"))
+    if prov.get("input_key") != shard_key(job.fingerprint, relpath, inputs):
+        return "stale", changed_inputs(prov.get("inputs"), inputs)
+    if meta.num_rows != prov.get("rows"):
+        return "broken", f"{meta.num_rows} rows, {prov.get('rows')} recorded"
+    return "complete", str(meta.num_rows)
+
+
+def output_status(job: Job, relpath: str, inputs: dict, size: int | None = None) -> tuple[str, str]:
+    """('complete'|'stale'|'foreign'|'broken', detail) for an existing output shard, from its footer only."""
     try:
-        out = storage.read_footer(job.output_uri(relpath))
+        out = storage.read_footer(job.output_uri(relpath), size)
     except Exception as exc:
         return "broken", f"unreadable: {type(exc).__name__}"
-    prov = read_provenance(out)
-    if prov is None:
-        return "stale", "(no sidecar_ops provenance)"
-    if prov.get("fingerprint") != job.fingerprint:
-        return "stale", str(prov.get("fingerprint"))
-    try:
-        base_rows = storage.read_footer(job.base_uri(relpath)).num_rows
-    except Exception as exc:
-        return "broken", f"base footer unreadable: {type(exc).__name__}"
-    if out.num_rows != base_rows:
-        return "broken", f"{out.num_rows} rows, base has {base_rows}"
-    return "complete", str(out.num_rows)
+    return judge_output(job, relpath, out, inputs)
 
 
 def make_plan(job: Job, overwrite: bool = False) -> Plan:
@@ -120,25 +159,30 @@ def make_plan(job: Job, overwrite: bool = False) -> Plan:
         plan.todo = list(base.shards)
         return plan
     with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-        statuses = dict(zip(existing, pool.map(lambda rel: output_status(job, rel), existing)))
+        status = lambda rel: output_status(job, rel, plan.inputs(rel), output.shards[rel])  # noqa: E731
+        statuses = dict(zip(existing, pool.map(status, existing)))
     for rel in base.shards:
         status, detail = statuses.get(rel, ("missing", ""))
         if status == "complete":
             plan.complete.append(rel)
-        else:
-            plan.todo.append(rel)
-            if status == "stale":
-                plan.stale.append((rel, detail))
-            elif status == "broken":
-                plan.broken.append((rel, detail))
+            continue
+        plan.todo.append(rel)
+        if status in ("stale", "foreign", "broken"):
+            getattr(plan, status).append((rel, detail))
     return plan
 
 
-def refuse_stale(plan: Plan) -> None:
-    if plan.stale:
-        rel, theirs = plan.stale[0]
+def refuse_unmatched(plan: Plan) -> None:
+    """An optional operation that matches no base shard is a mistake (a typo in its prefix), not a no-op."""
+    if lines := plan.unmatched_optional():
+        raise ConfigError(lines[0])
+
+
+def refuse_foreign(plan: Plan) -> None:
+    if plan.foreign:
+        rel, theirs = plan.foreign[0]
         raise ConfigError(
-            f"{len(plan.stale)} existing output shard(s) under {plan.job.output_prefix} were written by a different "
+            f"{len(plan.foreign)} existing output shard(s) under {plan.job.output_prefix} were written by a different "
             f"pipeline (fingerprint {theirs}, this pipeline is {plan.job.fingerprint}), e.g. {rel}; "
             "use --overwrite to replace them or choose another --output-prefix")
 

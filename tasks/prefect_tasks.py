@@ -5,15 +5,17 @@ steps of one shard, never cached or persisted by Prefect; the last step writes a
 """
 from __future__ import annotations
 
+from typing import Any
+
 from prefect import task
-from prefect.cache_policies import NO_CACHE
+import pyarrow.parquet as pq
+from prefect.cache_policies import NO_CACHE, CachePolicy
 from prefect.runtime import task_run
 from prefect.states import Completed
 
-from tasks import merge
+from tasks import merge, storage
 from tasks.errors import ShardError
 from tasks.merge import Job, ShardState, ShardStats
-
 
 
 def worth_retrying(task, task_run, state) -> bool:
@@ -22,34 +24,69 @@ def worth_retrying(task, task_run, state) -> bool:
     return not isinstance(exc, ShardError) or exc.transient
 
 
+class ShardInputs(CachePolicy):
+    """Cache key of a shard's output: pipeline fingerprint, merge semantics, relpath and input identities
+    (merge.shard_key, the same function the planner applies to listings in batch).
+
+    Why the match is decided inside the task and not by Prefect's result-store lookup: Prefect calls a cache
+    hit when a result record exists under the key in its own result storage. That record would be a second
+    truth beside the output shard (kept after the shard is deleted or replaced, absent on a fresh PREFECT_HOME
+    or another Ray node), and the key is computed before the task runs, so it cannot see the inputs the task
+    is about to read. So the task computes this key from the inputs it actually read, compares it with the
+    key the existing output recorded in its footer (`cached_output`), and on a match returns a Completed
+    state named "Cached" carrying the output's real stats. The output shard stays the only truth."""
+
+    def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs) -> str | None:
+        job, state = inputs.get("job"), inputs.get("state")
+        if not isinstance(job, Job) or not isinstance(state, ShardState):
+            return None
+        return merge.shard_key(job.fingerprint, inputs["relpath"], state.inputs())
+
+
+SHARD_INPUTS = ShardInputs()
 SHARD_TASK = dict(persist_result=False, cache_policy=NO_CACHE, retries=1, retry_delay_seconds=[2, 10, 30],
                   retry_condition_fn=worth_retrying, log_prints=False)
 
 
-def finished_earlier(job: Job, relpath: str):
-    """On a retry, an earlier attempt may have written the shard before dying: trust it only if complete."""
-    from tasks.plan import output_status
+def cached_output(job: Job, relpath: str, state: ShardState) -> ShardStats | None:
+    """On a retry, stats of the existing output when it is exactly what this state would write (same
+    fingerprint, row count and input key), else None. In an --overwrite run only an output this run wrote
+    counts. A first attempt does not look (the plan just found no current output): no extra request per shard."""
+    from tasks.plan import judge_output
 
-    status, rows = output_status(job, relpath)
-    if status != "complete":
+    if task_run.run_count <= 1:
+        return None  # the plan found no current output; only an earlier attempt of this task can have written it
+    uri = job.output_uri(relpath)
+    try:
+        with storage.open_parquet(uri) as f:
+            meta = pq.ParquetFile(f).metadata
+            size = storage.file_size(uri, f)
+    except Exception:
+        return None  # absent or unreadable: write it
+    prov = merge.read_provenance(meta) or {}
+    key = SHARD_INPUTS.compute_key(None, {"job": job, "relpath": relpath, "state": state}, {})
+    if judge_output(job, relpath, meta, state.inputs())[0] != "complete" or prov.get("input_key") != key:
         return None
-    return Completed(name="Cached", message="output shard already complete",
-                     data=ShardStats(relpath, rows=int(rows), bytes=0))
+    if meta.num_rows != state.table.num_rows or (job.overwrite and prov.get("run_id") != job.run_id):
+        return None
+    skipped = sum(r.get("status") == "skipped_missing_sibling" for r in prov.get("operations") or [])
+    return ShardStats(relpath, rows=meta.num_rows, bytes=size, skipped_ops=skipped)
 
 
 @task(name="merge", task_run_name="merge[{index}] {relpath}", **SHARD_TASK)
 def merge_step(job: Job, relpath: str, index: int, state: ShardState | None = None) -> ShardState | ShardStats:
-    """Operation `index` on one shard: the first step reads the base, the last one writes the output."""
+    """Operation `index` on one shard: the first step reads the base, the last one writes the output
+    unless an output made from the same inputs is already there (then the task ends as Cached)."""
     if isinstance(state, ShardStats):
         return state  # an upstream attempt found the shard already written
-    if task_run.run_count > 1 and (cached := finished_earlier(job, relpath)) is not None:
-        return cached
     if state is None:
         state = merge.read_base(job, relpath)
     state = merge.apply_step(job, relpath, index, state)
-    if index == len(job.pipeline.operations) - 1:
-        return merge.write_output(job, relpath, state)
-    return state
+    if index < len(job.pipeline.operations) - 1:
+        return state
+    if (stats := cached_output(job, relpath, state)) is not None:
+        return Completed(name="Cached", message="output shard already made from these inputs", data=stats)
+    return merge.write_output(job, relpath, state)
 
 
 @task(name="verify-shard", task_run_name="verify {relpath}", **SHARD_TASK)

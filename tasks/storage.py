@@ -17,7 +17,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from urllib.parse import urlparse
 
@@ -112,47 +112,105 @@ def inside(a: str, b: str) -> bool:
 
 @dataclass(frozen=True)
 class Listing:
-    """One recursive listing of a prefix: parquet shards by relpath (with sizes), and everything else."""
+    """One recursive listing of a prefix: parquet shards by relpath (with sizes and identities), and the rest.
+
+    A `*.parquet` object of 0 bytes is a shard (reading it fails, so it is never dropped unnoticed).
+    `ids` holds each shard's identity (see `identity`), taken from the listing itself at no extra cost."""
 
     prefix: str
     shards: dict[str, int]
     others: tuple[str, ...]
     exists: bool = True
+    ids: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def empty_shards(self) -> list[str]:
+        return [rel for rel, size in self.shards.items() if size == 0]
+
+
+def s3_identity(info: dict) -> str:
+    """Identity of an S3 object from a listing entry or a HEAD reply: size plus ETag."""
+    etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
+    return f"size={int(info.get('size', 0))};etag={etag}"
+
+
+def local_identity(st: os.stat_result) -> str:
+    """Identity of a local file: size plus st_mtime_ns (nanoseconds; an in-place rewrite changes it)."""
+    return f"size={st.st_size};mtime_ns={st.st_mtime_ns}"
+
+
+def file_identity(uri: str, opened=None) -> str:
+    """Identity of an object being read. On S3 an open s3fs file already holds its HEAD reply (no extra
+    request); locally one stat(). Taken before the data is read, so a concurrent rewrite makes the recorded
+    identity older than the content, never newer: the next run then sees the output as stale, the safe side."""
+    if is_s3(uri):
+        fs, path = filesystem(uri)
+        details = opened.details if opened is not None else fs.info(path)
+        return s3_identity(details)
+    return local_identity(os.stat(uri))
+
+
+def file_size(uri: str, opened) -> int:
+    """Size of an object opened with open_parquet, without another request."""
+    return int(opened.size) if is_s3(uri) else os.path.getsize(uri)
+
+
+def _walk_local(root: str):
+    """(relpath, stat) of every file under a local folder. os.scandir's entries carry the stat that fsspec's
+    listing makes anyway (one per file); fsspec keeps only a float mtime, so the walk is done here to keep
+    st_mtime_ns without a second stat per file."""
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        with os.scandir(root + rel_dir) as entries:
+            for entry in entries:
+                rel = rel_dir + entry.name
+                if entry.is_dir():
+                    stack.append(rel + "/")
+                else:
+                    yield rel, entry.stat()
 
 
 def list_prefix(prefix: str) -> Listing:
     """One paginated recursive listing; `*.parquet` objects are shards, the rest are counted."""
-    fs, root = filesystem(prefix)
-    try:
-        found = fs.find(root, detail=True)
-    except FileNotFoundError:
-        return Listing(prefix, {}, (), exists=False)
-    if not found and not is_s3(prefix) and not os.path.isdir(root):
-        return Listing(prefix, {}, (), exists=False)  # local find() returns nothing for a missing folder
-    shards, others = {}, []
-    strip = len(root.rstrip("/")) + 1
-    for path, info in found.items():
-        if info.get("type") == "directory":
-            continue
-        rel = path[strip:] if not is_s3(prefix) else path[len(root):]
-        if rel.endswith(".parquet") and info.get("size", 0) > 0:
-            shards[rel] = int(info.get("size", 0))
+    found: list[tuple[str, int, str]] = []  # (relpath, size, identity)
+    if is_s3(prefix):
+        fs, root = filesystem(prefix)
+        try:
+            entries = fs.find(root, detail=True)
+        except FileNotFoundError:
+            return Listing(prefix, {}, (), exists=False)
+        found = [(path[len(root):], int(info.get("size", 0)), s3_identity(info))
+                 for path, info in entries.items() if info.get("type") != "directory"]
+    else:
+        if not os.path.isdir(prefix):
+            return Listing(prefix, {}, (), exists=False)
+        found = [(rel, st.st_size, local_identity(st)) for rel, st in _walk_local(prefix)]
+    shards, ids, others = {}, {}, []
+    for rel, size, ident in sorted(found):
+        if rel.endswith(".parquet"):
+            shards[rel], ids[rel] = size, ident
         else:
             others.append(rel)
-    return Listing(prefix, dict(sorted(shards.items())), tuple(sorted(others)), exists=True)
+    return Listing(prefix, shards, tuple(others), exists=True, ids=ids)
 
 
-def read_footer(uri: str) -> pq.FileMetaData:
-    with open_parquet(uri) as f:
+def read_footer(uri: str, size: int | None = None) -> pq.FileMetaData:
+    """The parquet footer; with the object's size known (from a listing), no HEAD request on S3."""
+    with open_parquet(uri, size) as f:
         return pq.ParquetFile(f).metadata
 
 
-def open_parquet(uri: str):
+def open_parquet(uri: str, size: int | None = None):
     """A context-managed file for pyarrow to read from: memory-mapped locally; on S3 without fsspec's
-    readahead cache, since pyarrow already asks for exactly the byte ranges (footer, column chunks) it needs."""
+    readahead cache, since pyarrow already asks for exactly the byte ranges (footer, column chunks) it needs.
+    `size` (from a listing) spares the HEAD request s3fs would otherwise make."""
     fs, path = filesystem(uri)
     if is_s3(uri):
-        return fs.open(path, "rb", cache_type="none")
+        f = fs.open(path, "rb", cache_type="none", size=size)
+        if size is not None:  # s3fs's range reads ask for `details` (a HEAD) unless they are already known
+            f._details = {"name": path, "size": size, "type": "file"}
+        return f
     return pa.memory_map(path, "r")
 
 

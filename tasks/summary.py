@@ -12,6 +12,7 @@ class Summary:
     total: int = 0
     merged: int = 0
     skipped: int = 0
+    stale: int = 0  # existing outputs recomputed because their inputs changed (counted in merged/failed too)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (relpath, one-line error)
     rows: int = 0
     bytes: int = 0
@@ -29,6 +30,8 @@ class Summary:
                f"{len(self.failed)} failed",
                f"rows merged: {self.rows:,}  bytes written: {self.bytes:,}  wall time: {self.seconds:.1f}s  "
                f"({rate:,.0f} rows/s)"]
+        if self.stale:
+            out.append(f"stale outputs recomputed (inputs changed since they were written): {self.stale}")
         if self.ops_skipped:
             out.append(f"operations skipped for missing siblings (required: false): {self.ops_skipped}")
         for rel, message in self.failed[:FAILED_LINES]:

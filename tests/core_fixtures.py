@@ -7,9 +7,11 @@ to the dataset by name, and returns a `Setup` with every prefix and path a test 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
@@ -150,6 +152,32 @@ def swap_rows_fn(uri: str, i: int, j: int) -> None:
     order = list(range(table.num_rows))
     order[i], order[j] = order[j], order[i]
     write_table(table.take(order), uri)
+
+
+def identities(prefix: str) -> dict[str, object]:
+    """Per output shard, something that changes whenever it is rewritten: (inode, mtime_ns) on disk, the list
+    of object versions on S3 (the test buckets have versioning on)."""
+    if prefix.startswith("s3://"):
+        bucket, _, key = prefix[5:].partition("/")
+        s3 = boto3.client("s3")
+        found: dict[str, list] = {}
+        pages = s3.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key)
+        for page in pages:
+            for v in page.get("Versions", []) + page.get("DeleteMarkers", []):
+                found.setdefault(v["Key"][len(key):], []).append(v["VersionId"])
+        return {k: sorted(v) for k, v in found.items()}
+    out = {}
+    for rel in objects(prefix):
+        st = os.stat(prefix + rel)
+        out[rel] = (st.st_ino, st.st_mtime_ns)
+    return out
+
+
+def versioned(root: str) -> str:
+    if root.startswith("s3://"):
+        boto3.client("s3").put_bucket_versioning(Bucket=root[5:].rstrip("/"),
+                                                 VersioningConfiguration={"Status": "Enabled"})
+    return root
 
 
 def release_console_handlers() -> None:

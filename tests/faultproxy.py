@@ -62,6 +62,7 @@ class FaultProxy:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.stats: Counter = Counter()  # (fault or "ok", operation) -> count
+        self.log: list[tuple[str, str, str | None, int]] = []  # forwarded: (operation, path, Range, reply bytes)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -149,6 +150,8 @@ class FaultProxy:
                     return self._error(500, "InternalError", "We encountered an internal error. "
                                                              "Please try again.")
                 status, headers, data = self._forward(body)
+                with proxy._lock:
+                    proxy.log.append((op, urlsplit(self.path).path, self.headers.get("Range"), len(data)))
                 if fault == "reset_after":  # moto did the work; the client never hears of it
                     return self._reset()
                 self.send_response(status)

@@ -19,7 +19,8 @@ import pyarrow as pa
 import pytest
 from conftest import snapshot
 from core_fixtures import (FILTER_EXTENSIONS, SCORE_EXTENSIONS, aes_op, build, dqm_op, put_bytes, read_meta,
-                           read_table, release_console_handlers, remove, write_configs, write_table, get_bytes)
+                           read_table, release_console_handlers, remove, watermark_op, write_configs, write_table,
+                           get_bytes)
 
 from tasks import storage
 from tasks.config import load_pipeline
@@ -113,7 +114,20 @@ def add_extra_sibling(c: Ctx) -> None:
 def add_junk_to_base(c: Ctx) -> None:
     put_bytes(c.p["base"] + "_SUCCESS", b"")
     put_bytes(c.p["base"] + "notes.txt", b"not a shard")
+
+
+def add_empty_base_shard(c: Ctx) -> None:
+    add_junk_to_base(c)
     put_bytes(c.p["base"] + "2023/part-empty.parquet", b"")
+
+
+def only_the_good_shard_written(c: Ctx) -> None:
+    assert sorted(snapshot(c.output)) == [REL]
+
+
+def typo_in_optional_source(c: Ctx) -> None:
+    typo = {**c.p, "watermark": c.p["watermark"].rstrip("/") + "_typo/"}
+    c.reconfigure(ops=lambda p: [dqm_op(p), aes_op(p), watermark_op(typo, required=False)])
 
 
 def empty_base(c: Ctx) -> None:
@@ -232,9 +246,30 @@ CASES = [
     Case("empty-base-prefix-s3", empty_base, 2, r"error: main_prefix {base} does not exist", storage="s3"),
     Case("base-with-only-junk", only_junk_base, 2,
          r"error: main_prefix {base} holds no non-empty \*\.parquet shards \(1 other objects\)"),
-    Case("non-parquet-and-zero-byte-objects-counted", add_junk_to_base, 0,
-         r"shards:\s+1 \(\+3 other objects ignored: not \*\.parquet, or empty\)", dry_run=True),
-    Case("non-parquet-and-zero-byte-objects-ignored", add_junk_to_base, 0, r"1 total, 1 merged", written=(REL,)),
+    Case("non-parquet-objects-counted", add_junk_to_base, 0,
+         r"shards:\s+1 \(\+2 other objects ignored: not \*\.parquet\)", dry_run=True),
+    Case("non-parquet-objects-ignored", add_junk_to_base, 0, r"1 total, 1 merged", written=(REL,)),
+    # issue 11, seen case 2: a 0-byte *.parquet base object is a failed shard, never an ignored object
+    Case("zero-byte-base-shard-fails", add_empty_base_shard, 1,
+         r"FAILED 2023/part-empty\.parquet: shard 2023/part-empty\.parquet: reading base shard "
+         r"{base}2023/part-empty\.parquet: not a readable parquet file", written=None,
+         check=only_the_good_shard_written),
+    Case("zero-byte-base-shard-fails-s3", add_empty_base_shard, 1,
+         r"2 total, 1 merged, 0 skipped \(already complete\), 1 failed", written=None,
+         check=only_the_good_shard_written, storage="s3"),
+    Case("zero-byte-base-shard-in-dry-run", add_empty_base_shard, 1,
+         r"- 1 base shard\(s\) are empty \(0 bytes\), a run fails them: 2023/part-empty\.parquet", dry_run=True),
+    Case("zero-byte-optional-sibling-fails", lambda c: put_bytes(c.p["watermark"] + REL, b""), 1,
+         r"FAILED {rel}: shard {rel}: operations\[2\] \(merge_from_sidecar from {watermark}\): source shard "
+         r"{watermark}{rel} is not a readable parquet file"),
+    # issue 11, seen case 3: an optional operation whose source matches no base shard is a mistake
+    Case("optional-source-matching-nothing", typo_in_optional_source, 2,
+         r"error: operations\[2\] \(merge_from_sidecar from \S+_typo/\) has required: false, but its "
+         r"source_prefix \S+_typo/ does not exist: it would be skipped for all 1 base shards"),
+    Case("optional-source-matching-nothing-s3", typo_in_optional_source, 2,
+         r"error: operations\[2\] .*has required: false, but its source_prefix \S+_typo/ ", storage="s3"),
+    Case("optional-source-matching-nothing-in-dry-run", typo_in_optional_source, 1,
+         r"- operations\[2\] \(merge_from_sidecar from \S+_typo/\) has required: false", dry_run=True),
     # --- unreadable shards and columns
     Case("corrupt-base-shard", lambda c: put_bytes(c.p["base"] + REL, b"PAR1" + b"\x00" * 100 + b"PAR1"), 1,
          r"FAILED {rel}: shard {rel}: reading base shard {base}{rel}: not a readable parquet file"),

@@ -12,10 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-import boto3
 import pytest
-from core_fixtures import (build, expected_output, get_bytes, objects, put_bytes, read_table,
-                           release_console_handlers, remove, swap_rows_fn)
+from core_fixtures import (build, expected_output, get_bytes, identities, objects, put_bytes, read_table,
+                           release_console_handlers, remove, swap_rows_fn, versioned)
 from tasks.demo import relpaths
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,32 +31,6 @@ def run(cli, prefect_api):
         finally:
             release_console_handlers()
     return go
-
-
-def identities(prefix: str) -> dict[str, object]:
-    """Per output shard, something that changes whenever it is rewritten: (inode, mtime_ns) on disk, the list
-    of object versions on S3 (the test buckets have versioning on)."""
-    if prefix.startswith("s3://"):
-        bucket, _, key = prefix[5:].partition("/")
-        s3 = boto3.client("s3")
-        found: dict[str, list] = {}
-        pages = s3.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key)
-        for page in pages:
-            for v in page.get("Versions", []) + page.get("DeleteMarkers", []):
-                found.setdefault(v["Key"][len(key):], []).append(v["VersionId"])
-        return {k: sorted(v) for k, v in found.items()}
-    out = {}
-    for rel in objects(prefix):
-        st = os.stat(prefix + rel)
-        out[rel] = (st.st_ino, st.st_mtime_ns)
-    return out
-
-
-def versioned(root: str) -> str:
-    if root.startswith("s3://"):
-        boto3.client("s3").put_bucket_versioning(Bucket=root[5:].rstrip("/"),
-                                                 VersioningConfiguration={"Status": "Enabled"})
-    return root
 
 
 def assert_clean(out: str, err: str) -> None:

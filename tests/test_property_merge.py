@@ -9,6 +9,7 @@ import tempfile
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,7 @@ from tasks import storage
 from tasks.config import Dataset, Pipeline
 from tasks.errors import ShardError
 from tasks.merge import Job, merge_shard
-from tasks.ops.merge_from_sidecar import MergeFromSidecar
+from tasks.ops.merge_from_sidecar import MergeFromSidecar, check_aligned
 
 VALUE_TYPES = {"int32": pa.int32(), "float64": pa.float64(), "string": pa.string(),
                "struct": pa.struct([("raw_score", pa.float32()), ("error", pa.string())])}
@@ -154,3 +155,78 @@ def test_empty_shard_merges_and_verifies(tmp_path):
     storage.write_atomic(pa.table({"key": pa.array([], pa.string()), "s0": pa.array([], pa.float32())}),
                          f"{root}src/e/part-0.parquet")
     assert merge_shard(job, "e/part-0.parquet").rows == 0
+
+
+# ----------------------------------------------------------------- keys of mixed types (issue 11, seen case 5)
+
+INT_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
+STRING_TYPES = [pa.string(), pa.large_string(), pa.string_view(), pa.dictionary(pa.int32(), pa.string())]
+BINARY_TYPES = [pa.binary(), pa.large_binary(), pa.binary_view(), pa.binary(3)]
+KEY_TYPES = INT_TYPES + STRING_TYPES + BINARY_TYPES + [pa.float64()]
+
+
+def family(t: pa.DataType) -> str:
+    return ("int" if t in INT_TYPES else "str" if t in STRING_TYPES else "bin" if t in BINARY_TYPES
+            else str(t))
+
+
+def encode(ints: list, t: pa.DataType) -> pa.Array:
+    """Integer key values in type t: as numbers, as decimal text, or as 3-byte text."""
+    if t in INT_TYPES or t == pa.float64():
+        return pa.array(ints, t)
+    text = [None if v is None else f"{v:03d}" for v in ints]
+    if t in BINARY_TYPES:
+        return pa.array([None if v is None else v.encode() for v in text], t)
+    if pa.types.is_dictionary(t):
+        return pa.array(text, pa.string()).dictionary_encode()
+    return pa.array(text, t)
+
+
+@st.composite
+def mixed_keys(draw):
+    left_t, right_t = draw(st.sampled_from(KEY_TYPES)), draw(st.sampled_from(KEY_TYPES))
+    n = draw(st.integers(1, 20))
+    keys = draw(st.lists(st.integers(0, 127), min_size=n, max_size=n))  # fits every integer type
+    right = perturb(draw, keys, draw(st.sampled_from(PERTURBATIONS)))
+    right = [v if isinstance(v, int) or v is None else 999 for v in right]  # "change"/"add" give text
+    right = [v if v is None or v <= 127 else 126 for v in right]
+    return left_t, right_t, keys, right
+
+
+@settings(max_examples=300, deadline=None)
+@given(mixed_keys())
+def test_keys_align_within_a_type_family_and_never_across(case):
+    left_t, right_t, left, right = case
+    table = pa.table({"key": encode(left, left_t)})
+    source = pa.table({"key": encode(right, right_t)})
+    same_family = family(left_t) == family(right_t)
+    expect = same_family and len(left) == len(right) and all(a == b and a is not None for a, b in zip(left, right))
+    try:
+        check_aligned(table, "key", source, "key")
+    except ShardError as exc:
+        assert not expect, f"{left_t} vs {right_t}: {exc}"
+        if not same_family and len(left) == len(right):
+            assert f"key types differ: key is {left_t}, source key is {right_t}" in str(exc)
+        return
+    assert expect, f"{left_t} {left} vs {right_t} {right} aligned"
+
+
+def test_integer_keys_beyond_int64_never_match_signed_ones():
+    big = 2**64 - 1
+    with pytest.raises(ShardError, match="key mismatch in 1 of 2 rows; first at row 1: key=-1 vs source key="
+                                          f"{big}"):
+        check_aligned(pa.table({"key": pa.array([1, -1], pa.int64())}), "key",
+                      pa.table({"key": pa.array([1, big], pa.uint64())}), "key")
+
+
+def test_zero_padded_text_never_aligns_with_a_number(tmp_path):
+    """Through parquet and the kernel: "007" vs 7 is refused; int32 vs uint64 with equal values aligns."""
+    root = storage.normalize_prefix(str(tmp_path))
+    job = job_for(root, by_path=False)
+    rel = "a/part-0.parquet"
+    storage.write_atomic(pa.table({"key": pa.array([7, 8], pa.int32())}), job.base_uri(rel))
+    storage.write_atomic(pa.table({"key": pa.array(["007", "008"]), "s0": [1.0, 2.0]}), f"{root}src/{rel}")
+    with pytest.raises(ShardError, match=r"key types differ: key is int32, source key is (large_)?string"):
+        merge_shard(job, rel)
+    storage.write_atomic(pa.table({"key": pa.array([7, 8], pa.uint64()), "s0": [1.0, 2.0]}), f"{root}src/{rel}")
+    assert merge_shard(job, rel).rows == 2

@@ -164,7 +164,7 @@ def footer(uri: str) -> tuple:
     schema = meta.schema.to_arrow_schema()
     kv = dict(schema.metadata or {})
     prov = json.loads(kv.pop(PROVENANCE_KEY))
-    assert prov.pop("written_at")
+    assert prov.pop("written_at") and prov.pop("run_id")  # per run; everything else must be equal
     groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     return schema.remove_metadata(), kv, prov, groups
 

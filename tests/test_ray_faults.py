@@ -92,9 +92,11 @@ def assert_complete_and_verified(setup, shards: int) -> None:
     assert report.ok, report.to_dict()
 
 
-def wait_for_shards(out: Path, proc, at_least: int) -> None:
+def wait_for_shards(out: Path, proc, at_least: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
     while len(list(out.rglob("*.parquet"))) < at_least:
         assert proc.poll() is None, "the run ended before it could be interrupted"
+        assert time.monotonic() < deadline, f"fewer than {at_least} shards after {timeout}s"
         time.sleep(0.02)
 
 
@@ -122,8 +124,8 @@ def test_killed_worker_retries_its_shard_task_and_every_shard_verifies(cluster, 
                                 "--ray-address", cluster.address, "--max-inflight", "4"], env, tmp_path / "logs")
     watcher.start()
     try:
-        victim = None
-        while victim is None and proc.poll() is None:
+        victim, deadline = None, time.monotonic() + 180
+        while victim is None and proc.poll() is None and time.monotonic() < deadline:
             busy = busy_workers(cluster, "merge")
             if busy:
                 victim = busy[0].pid

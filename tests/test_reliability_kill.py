@@ -16,6 +16,7 @@ import time
 import pytest
 
 from conftest import snapshot
+from ray_fixtures import default_sigint
 from reliability_fixtures import (REPO, allow_small_parts, assert_no_partial_shard, assert_output_verifies,
                                   cli_command, cli_env, make_demo, pending_uploads, run_cli)
 from tasks import storage
@@ -33,6 +34,14 @@ def shard_count(output: str) -> int:
         return 0
 
 
+def wait_for(condition, timeout: float = 120, poll: float = 0.01) -> None:
+    """Poll until `condition()` holds; fail the test when it does not within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"condition not met within {timeout}s"
+        time.sleep(poll)
+
+
 def kill_at_random_point(args: list[str], env: dict, output: str, rng: random.Random) -> str:
     """Start the run, SIGKILL its process group at a random point; returns where it was killed."""
     start_count = shard_count(output)
@@ -46,8 +55,7 @@ def kill_at_random_point(args: list[str], env: dict, output: str, rng: random.Ra
                 time.sleep(0.02)
             where = "during start-up / first shards"
         else:  # after a few shards landed, plus a random bit more: mid-write of later shards
-            while shard_count(output) < start_count + wait_shards and proc.poll() is None:
-                time.sleep(0.01)
+            wait_for(lambda: shard_count(output) >= start_count + wait_shards or proc.poll() is not None)
             time.sleep(rng.uniform(0.0, 0.3))
             where = f"after {wait_shards} new shard(s)"
         if proc.poll() is not None:
@@ -63,6 +71,7 @@ def kill_at_random_point(args: list[str], env: dict, output: str, rng: random.Ra
         proc.wait()
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_sigkill_at_random_points_then_resume(where, tmp_path, prefect_api, request, monkeypatch):
     root = str(tmp_path / "data") + "/" if where == "local" else request.getfixturevalue("s3_root")
@@ -108,3 +117,36 @@ def test_sigkill_at_random_points_then_resume(where, tmp_path, prefect_api, requ
     assert_output_verifies(demo)
     assert {name: snapshot(prefix) for name, prefix in demo.prefixes.items()} == inputs
     print(f"{where}: kill points {log}; {len(complete)} shards complete before the rerun")
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_on_the_thread_runner_exits_130_then_resumes(tmp_path, prefect_api):
+    """SIGINT to the run's process group (a terminal's Ctrl-C) once a few shards landed: exit 130 with the
+    resume hint, no partial shard; the same command then writes exactly the missing shards."""
+    demo = make_demo(tmp_path, str(tmp_path / "data") + "/", shards=SHARDS, rows=ROWS)
+    env = cli_env(PREFECT_API_URL=prefect_api)
+    args = ["run", demo.pipeline, "--output-prefix", demo.output, "--max-inflight", "2"]
+    proc = subprocess.Popen(cli_command(*args), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, preexec_fn=default_sigint)
+    try:
+        wait_for(lambda: shard_count(demo.output) >= 3 or proc.poll() is not None)
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted; rerun the same command to resume" in err and "Traceback" not in err
+    present = assert_no_partial_shard(demo)
+    assert 3 <= len(present) < SHARDS
+    complete = {rel: md5 for rel, md5 in snapshot(demo.output).items() if rel.endswith(".parquet")}
+
+    res = run_cli(*args, env=env)
+    assert res.returncode == 0, res.stderr
+    counts = tuple(map(int, SUMMARY.search(res.stdout).groups()))
+    assert counts == (SHARDS, SHARDS - len(complete), len(complete), 0), res.stdout
+    final = snapshot(demo.output)
+    assert all(final[rel] == md5 for rel, md5 in complete.items()), "the rerun rewrote complete shards"
+    assert_output_verifies(demo)

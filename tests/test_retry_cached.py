@@ -1,41 +1,97 @@
-"""A writer that dies after its shard landed: the retry finds the complete output and shows as Cached."""
+"""The retry path (issue 11, seen case 4), made deterministic: a fault is injected into one chosen shard's chosen
+attempt (write_output patched for that relpath only), on the thread runner against the session's Prefect API.
+
+- A writer that dies after its shard landed: the retry finds the output made from the same inputs, ends as
+  Cached, and reports the real stats (rows, bytes, the skipped optional operation), so verification passes.
+- An --overwrite run whose first attempt fails before writing: the retry must not keep the previous run's
+  output (it was made from the same inputs, but this run is meant to replace it).
+"""
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
+import re
+from collections import Counter
 
-from tasks import merge
-from tasks.demo import make_dataset
+import pytest
+from core_fixtures import build, identities, read_meta, release_console_handlers
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId, FlowRunFilterName, TaskRunFilter,
+                                            TaskRunFilterName)
 
-REPO = Path(__file__).resolve().parents[1]
+from tasks import merge, storage
+from tasks.demo import relpaths
+
+SHARDS = 4
+REL = sorted(relpaths(SHARDS))
+GAP = relpaths(SHARDS)[-1]  # the shard without a watermark sibling: its optional operation is skipped
 
 
-def test_retry_after_write_is_cached(tmp_path, monkeypatch, prefect_api, cli):
-    shutil.copytree(REPO / "datasets", tmp_path / "datasets")
-    shutil.copytree(REPO / "pipelines", tmp_path / "pipelines")
-    monkeypatch.chdir(tmp_path)
-    make_dataset("demo-data", shards=3, rows=50)
-    real_write = merge.write_output
-    crashed = []
+@pytest.fixture
+def run(cli, prefect_api):
+    def go(*argv):
+        try:
+            return cli("run", *argv)
+        finally:
+            release_console_handlers()
+    return go
 
-    def write_then_die(job, relpath, state):
-        stats = real_write(job, relpath, state)
-        if not crashed:
-            crashed.append(relpath)
-            raise OSError("worker lost after the upload completed")
+
+def inject(monkeypatch, relpath: str, attempt: int, after_write: bool) -> Counter:
+    """write_output fails for `relpath` on its `attempt`-th call (after or before writing); others pass."""
+    real_write, calls = merge.write_output, Counter()
+
+    def write(job, rel, state):
+        calls[rel] += 1
+        if rel == relpath and calls[rel] == attempt and not after_write:
+            raise OSError(f"injected: lost before writing {rel}")
+        stats = real_write(job, rel, state)
+        if rel == relpath and calls[rel] == attempt:
+            raise OSError(f"injected: worker lost after the upload of {rel} completed")
         return stats
 
-    monkeypatch.setattr(merge, "write_output", write_then_die)
-    code, out, err = cli("run", "pipelines/demo_merge_filters_dqm_ernie_image_aes.yaml",
-                         "--output-prefix", "out/", "--retries", "1")
-    assert code == 0, err
-    assert "3 merged" in out and "0 failed" in out
+    monkeypatch.setattr(merge, "write_output", write)
+    return calls
 
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 
+def task_states(pipeline, name: str) -> list[str]:
+    """States of the task runs called `name` in this test's (one) flow run of `pipeline`."""
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(task_run_filter=TaskRunFilter(
-            name=TaskRunFilterName(like_=f"merge[2] {crashed[0]}")))
-    names = {run.state.name for run in runs}
-    assert "Cached" in names, names
+        (flow_run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(
+            any_=[f"merge {pipeline}"])))
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
+                                     task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[name])))
+    return [run.state.name for run in runs]
+
+
+def summary_numbers(out: str) -> dict[str, int]:
+    m = re.search(r"rows merged: ([\d,]+)  bytes written: ([\d,]+)", out)
+    assert m, out
+    return {"rows": int(m.group(1).replace(",", "")), "bytes": int(m.group(2).replace(",", ""))}
+
+
+def test_retry_after_write_is_cached_with_real_stats(tmp_path, monkeypatch, run):
+    setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS)
+    calls = inject(monkeypatch, GAP, attempt=1, after_write=True)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--retries", "1")
+    assert code == 0, out + err
+    assert calls[GAP] == 1, "the retry found the output and did not write again"
+    assert "4 total, 4 merged, 0 skipped (already complete), 0 failed" in out
+    assert "operations skipped for missing siblings (required: false): 1" in out
+    sizes = storage.list_prefix(setup.output).shards
+    assert summary_numbers(out) == {"rows": SHARDS * 40, "bytes": sum(sizes.values())}
+    assert task_states(setup.pipeline, f"merge[2] {GAP}") == ["Cached"]
+
+
+def test_overwrite_retry_never_keeps_the_previous_output(tmp_path, monkeypatch, run):
+    setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS)
+    assert run(setup.pipeline, "--output-prefix", setup.output)[0] == 0
+    before = identities(setup.output)
+    first_run = merge.read_provenance(read_meta(setup.output + REL[0])).get("run_id")
+    calls = inject(monkeypatch, REL[0], attempt=1, after_write=False)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--overwrite", "--retries", "1")
+    assert code == 0, out + err
+    assert calls[REL[0]] == 2
+    assert "4 total, 4 merged, 0 skipped (already complete), 0 failed" in out
+    after = identities(setup.output)
+    assert all(after[rel] != before[rel] for rel in REL), "every shard was rewritten by the --overwrite run"
+    runs = {merge.read_provenance(read_meta(setup.output + rel)).get("run_id") for rel in REL}
+    assert len(runs) == 1 and first_run not in runs

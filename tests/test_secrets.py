@@ -1,7 +1,8 @@
 """Secrets: with AWS credentials in the environment, nothing we emit contains them.
 
-Real `sidecar-ops` processes (dry run, merge, verify with a JSON report, and a failing run with --debug at
-Prefect's DEBUG log level) get distinctive fake credentials; moto accepts any. Then every output is
+Real `sidecar-ops` processes (dry run, merge on the thread pool and with --use-ray on a local Ray instance,
+verify with a JSON report, and a failing run with --debug at Prefect's DEBUG log level) get distinctive fake
+credentials; moto accepts any. Then every output is
 searched: stdout/stderr, the JSON report, every key-value of every output parquet footer, and everything
 the Prefect API holds for those runs (flow and task runs with parameters and states, logs, artifacts).
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 import uuid
 
+import pytest
+from ray_fixtures import TAG, kill_tagged, new_tag
 from reliability_fixtures import cli_env, make_demo, run_cli
 from tasks import storage
 
@@ -55,6 +58,15 @@ def prefect_text(tag_pipelines: list[str]) -> tuple[str, int, int]:
     return "\n".join(chunks), len(runs), len(logs)
 
 
+@pytest.mark.timeout(900)
+def run_ray(pipeline: str, output: str, env: dict, tag: str):
+    try:
+        return run_cli("run", pipeline, "--output-prefix", output, "--use-ray", "--max-inflight", "2", env=env,
+                       timeout=420)
+    finally:
+        kill_tagged(tag)
+
+
 def test_no_output_contains_the_credentials(tmp_path, s3_root, moto_endpoint, prefect_api):
     demo = make_demo(tmp_path, s3_root, shards=3, rows=100)
     # DQM taken from the AES sidecar: no image_key there, so every shard fails.
@@ -64,26 +76,30 @@ def test_no_output_contains_the_credentials(tmp_path, s3_root, moto_endpoint, pr
                   AWS_ACCESS_KEY_ID=ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
                   AWS_SESSION_TOKEN=SESSION_TOKEN)
     debug_env = {**env, "PREFECT_LOGGING_LEVEL": "DEBUG"}
+    tag = new_tag()  # the --use-ray run's own Ray processes carry it: cleanup by tag, never by name
+    ray_env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"} | {TAG: tag}
     report = tmp_path / f"verify-{uuid.uuid4().hex[:6]}.json"
     out = ["--output-prefix", demo.output]
     runs = {
         "dry run": run_cli("run", demo.pipeline, *out, "--dry-run", env=env),
         "merge": run_cli("run", demo.pipeline, *out, env=env),
+        "merge --use-ray": run_ray(demo.pipeline, f"{s3_root}ray_out/", ray_env, tag),
         "verify": run_cli("verify", demo.pipeline, *out, "--json", report, env=env),
         "failing run --debug": run_cli("run", broken, "--output-prefix", f"{s3_root}broken_out/", "--debug",
                                        env=debug_env),
         "verify --debug": run_cli("verify", demo.pipeline, *out, "--debug", env=debug_env),
     }
     codes = {name: r.returncode for name, r in runs.items()}
-    assert codes == {"dry run": 0, "merge": 0, "verify": 0, "failing run --debug": 1, "verify --debug": 0}, (
+    assert codes == {"dry run": 0, "merge": 0, "merge --use-ray": 0, "verify": 0, "failing run --debug": 1,
+                     "verify --debug": 0}, (
         codes, {n: r.stderr[-2000:] for n, r in runs.items() if r.returncode})
     assert "Traceback" in runs["failing run --debug"].stderr  # --debug really was verbose
     for name, r in runs.items():
         assert not leaks(r.stdout) and not leaks(r.stderr), f"{name} printed a credential"
     report_text = report.read_text()
     assert json.loads(report_text) and not leaks(report_text)
-    footers = footer_text(demo.output)
-    assert "sidecar_ops" in footers and not leaks(footers)
+    footers = footer_text(demo.output) + footer_text(f"{s3_root}ray_out/")
+    assert footers.count("sidecar_ops") >= 6 and not leaks(footers)
     api_text, n_runs, n_logs = prefect_text([demo.pipeline, str(broken)])
     assert n_runs >= 4 and n_logs > 0, (n_runs, n_logs)
     assert not leaks(api_text), "the Prefect API holds a credential"

@@ -82,10 +82,10 @@ def count_local_reads():
         fs, path = real(uri)
         return (CountingFS(fs, log), path) if not storage.is_s3(uri) else (fs, path)
 
-    def open_parquet(uri):
+    def open_parquet(uri, size=None):
         # Local shards are memory-mapped, which no wrapper sees: read them through a counted file instead.
         if storage.is_s3(uri):
-            return real_open(uri)
+            return real_open(uri, size)
         fs, path = filesystem(uri)
         return fs.open(path, "rb")
 
