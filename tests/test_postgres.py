@@ -1,0 +1,105 @@
+"""PostgreSQL, the production database: a real PostgreSQL server, a real Prefect server on it, and a 1,000-shard
+`sidecar-ops run` through that server, once on the thread runner and once with `--use-ray`. Everything the run
+recorded is read back from PostgreSQL itself; the output is checked with `sidecar-ops verify`.
+
+The binaries come from Debian's `postgresql` package (.ci/run installs it); elsewhere the module is skipped.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from core_fixtures import build
+from postgres_fixtures import BIN, pg_bindir, postgres, prefect_server
+from ray_fixtures import driver_env, kill_tagged, new_tag, no_errors, run
+from tasks.demo import relpaths
+
+SHARDS, ROWS = 1000, 20
+STEPS = 4                     # three_ops (dqm, aes, watermark with one gap) + verify, one task run each per shard
+RECORD_TIMEOUT = 120          # task runs reach the database through the server's event pipeline
+
+if pg_bindir() is None and not os.environ.get("CI"):
+    pytest.skip("PostgreSQL server binaries not installed (apt-get install -y postgresql)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def pg():
+    with postgres() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def api(pg, tmp_path_factory):
+    work = tmp_path_factory.mktemp("pg-server")
+    with prefect_server(work / "home", work / "server.log", pg.url) as (url, _proc):
+        yield url, work
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    work = tmp_path_factory.mktemp("pg-data")
+    return build(work, str(work / "data"), shards=SHARDS, rows=ROWS)
+
+
+def recorded(pg, output: str) -> dict[str, int]:
+    """State type -> number of task runs of the flow run that wrote `output`, once every one of them is final."""
+    sql = ("select t.state_type, count(*), count(distinct t.name) from task_run t join flow_run f "
+           f"on f.id = t.flow_run_id where f.parameters->>'output_prefix' = '{output}' group by 1")
+    deadline = time.monotonic() + RECORD_TIMEOUT
+    while True:
+        rows = [line.split("|") for line in pg.psql(sql).splitlines()]
+        counts = {state: int(n) for state, n, _ in rows}
+        if (sum(counts.values()) >= SHARDS * STEPS and set(counts) <= {"COMPLETED", "FAILED", "CRASHED"}) \
+                or time.monotonic() > deadline:
+            distinct = sum(int(d) for *_, d in rows)
+            assert distinct == sum(counts.values()), f"task runs recorded twice under one name: {rows}"
+            return counts
+
+
+def merge_through(pg, api, data, name: str, *flags: str) -> None:
+    url, work = api
+    output = f"{data.root}{name}/"
+    tag = new_tag()
+    home = work / f"driver-home-{name}"
+    try:
+        code, out, err = run([data.pipeline, "--output-prefix", output, *flags], driver_env(tag, home, url),
+                             work / f"logs-{name}")
+    finally:
+        kill_tagged(tag)
+    assert code == 0, out + err
+    no_errors(out, err)
+    assert f"shards: {SHARDS} total, {SHARDS} merged, 0 skipped (already complete), 0 failed" in out + err, out + err
+    assert f"rows merged: {SHARDS * ROWS:,}" in out + err
+    # the run used the given server: it started none of its own (that one would log into the driver's home)
+    assert not (home / "sidecar-ops-server.log").exists()
+
+    assert recorded(pg, output) == {"COMPLETED": SHARDS * STEPS}
+    flow_state = pg.psql(f"select state_type from flow_run where parameters->>'output_prefix' = '{output}'")
+    assert flow_state == "COMPLETED"
+    names = pg.psql("select t.name from task_run t join flow_run f on f.id = t.flow_run_id "
+                    f"where f.parameters->>'output_prefix' = '{output}' and t.name like 'verify %'").splitlines()
+    assert sorted(names) == sorted(f"verify {rel}" for rel in relpaths(SHARDS))
+
+    check = subprocess.run([str(BIN / "sidecar-ops"), "verify", str(data.pipeline), "--output-prefix", output,
+                            "--samples", "20"], env=driver_env(tag, home, url), capture_output=True, text=True,
+                           timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "verify: PASS" in check.stdout
+
+
+def test_thread_runner_merges_1000_shards_through_a_server_on_postgres(pg, api, data):
+    merge_through(pg, api, data, "out-thread")
+
+
+def test_ray_merges_1000_shards_through_a_server_on_postgres(pg, api, data):
+    merge_through(pg, api, data, "out-ray", "--use-ray")
+
+
+def test_the_server_kept_everything_in_postgres_and_nothing_in_sqlite(pg, api):
+    _url, work = api
+    assert not list((work / "home").glob("*.db*")), list((work / "home").iterdir())
+    assert pg.psql("select count(*) from alembic_version") == "1"  # Prefect's migrations ran here
