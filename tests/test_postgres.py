@@ -6,16 +6,20 @@ The binaries come from Debian's `postgresql` package (.ci/run installs it); else
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
-from pathlib import Path
+import urllib.request
+from datetime import timedelta
 
 import pytest
+from pydantic import TypeAdapter
 
 from core_fixtures import build
 from postgres_fixtures import BIN, pg_bindir, postgres, prefect_server
 from ray_fixtures import driver_env, kill_tagged, new_tag, no_errors, run
+from test_deploy_e2e import ROOT
 from tasks.demo import relpaths
 
 SHARDS, ROWS = 1000, 20
@@ -32,10 +36,17 @@ def pg():
         yield server
 
 
+def operator_env() -> dict[str, str]:
+    """The settings deploy/postgres/prefect-server.env.example gives a shared server (its database URL aside)."""
+    lines = (ROOT / "deploy/postgres/prefect-server.env.example").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
 @pytest.fixture(scope="module")
 def api(pg, tmp_path_factory):
+    """A Prefect server configured as deploy/postgres/ tells an operator to, on the test's PostgreSQL."""
     work = tmp_path_factory.mktemp("pg-server")
-    with prefect_server(work / "home", work / "server.log", pg.url) as (url, _proc):
+    with prefect_server(work / "home", work / "server.log", pg.url, **operator_env()) as (url, _proc):
         yield url, work
 
 
@@ -103,3 +114,16 @@ def test_the_server_kept_everything_in_postgres_and_nothing_in_sqlite(pg, api):
     _url, work = api
     assert not list((work / "home").glob("*.db*")), list((work / "home").iterdir())
     assert pg.psql("select count(*) from alembic_version") == "1"  # Prefect's migrations ran here
+
+
+def test_the_server_runs_with_the_operator_settings_of_deploy_postgres(api):
+    url, _work = api
+    with urllib.request.urlopen(f"{url}/admin/settings", timeout=10) as resp:
+        server = json.loads(resp.read())["server"]
+    duration = TypeAdapter(timedelta).validate_python
+    vacuum = server["services"]["db_vacuum"]
+    assert set(vacuum["enabled"]) == {"events", "flow_runs"}
+    assert duration(vacuum["retention_period"]) == timedelta(days=30) and vacuum["loop_seconds"] == 3600
+    assert duration(server["events"]["retention_period"]) == timedelta(days=7)
+    assert server["services"]["task_run_recorder"]["batch_size"] == 100
+    assert server["database"]["sqlalchemy"]["pool_size"] == 5 and server["database"]["timeout"] == 30
