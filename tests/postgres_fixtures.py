@@ -13,14 +13,12 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_deploy_e2e import BIN, free_port, healthy, start, stop  # noqa: E402
+from test_deploy_e2e import BIN, free_port, healthy, start, stop
 
 PG_BIN_GLOB = "/usr/lib/postgresql/*/bin"   # Debian's `postgresql` package
 SERVER_START_TIMEOUT = 180
@@ -91,19 +89,18 @@ def postgres(durable: bool = False):
     if not durable:
         opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
     pg = Postgres(bindir, port, data, log)
-    started = False
     try:
         run = _as_postgres()
-        subprocess.run([*run, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
-                        "-E", "UTF8", "--no-sync"], check=True, capture_output=True, timeout=120)
+        out = subprocess.run([*run, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
+                              "-E", "UTF8", "--no-sync"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, f"initdb: {out.stdout}{out.stderr}"
         out = subprocess.run([*run, str(bindir / "pg_ctl"), "start", "-D", str(data), "-l", str(log), "-w",
                               "-t", "120", "-o", opts], capture_output=True, text=True, timeout=150)
-        started = (data / "postmaster.pid").exists()
         assert out.returncode == 0, f"pg_ctl start: {out.stdout}{out.stderr}\n{log.read_text()[-2000:]}"
         pg.psql("create database prefect", db="postgres")
         yield pg
     finally:
-        if started:
+        if (data / "postmaster.pid").exists():
             _stop(pg)
         shutil.rmtree(top, ignore_errors=True)
 
