@@ -55,7 +55,7 @@ def test_runs_leave_only_the_template_and_the_log(tmp_path):
 
 
 def test_debug_says_where_the_server_log_and_database_are(tmp_path):
-    setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=20)
+    setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=20, watermark_gap=False)
     home = tmp_path / "home"
     err = run(setup, home, "--debug").stderr
     line = next(x for x in err.splitlines() if x.startswith("Prefect server for this run:"))
@@ -73,7 +73,7 @@ def test_keep_run_history_keeps_the_run_in_prefects_database(tmp_path):
 
 
 def test_a_killed_runs_database_is_removed_by_the_next_run(tmp_path):
-    setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=20)
+    setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=20, watermark_gap=False)
     home = tmp_path / "home"
     run(setup, home)
     dead = subprocess.Popen(["true"])
@@ -89,7 +89,7 @@ def test_a_killed_runs_database_is_removed_by_the_next_run(tmp_path):
 
 
 def test_a_users_server_is_left_alone(tmp_path, prefect_api):
-    setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=20)
+    setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=20, watermark_gap=False)
     home = tmp_path / "home"
     run(setup, home, api=prefect_api)
     assert not (home / "sidecar-ops").exists() and not (home / "prefect.db").exists()
