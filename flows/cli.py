@@ -1,6 +1,7 @@
 """`sidecar-ops`: run (or dry-run) a merge, verify an output, build the demo.
 
-Exit codes: 0 success; 1 shards failed (or verification failed); 2 bad configuration or arguments.
+Exit codes: 0 success; 1 shards failed (or verification failed); 2 bad configuration or arguments;
+130 interrupted (Ctrl-C: rerun the same command to resume).
 Errors are one line each; `--debug` adds tracebacks and Prefect/Ray logs.
 """
 from __future__ import annotations
@@ -8,9 +9,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import traceback
-from datetime import datetime
+
+from flows.runconfig import (DEFAULT_MAX_INFLIGHT, DEFAULT_SAMPLES, DEFAULT_VERIFY_INFLIGHT, RunConfig,
+                             RunnerChoice)
+from tasks.errors import ConfigError, ShardError
+from tasks.summary import RunFailed
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
@@ -63,6 +69,8 @@ def parser() -> argparse.ArgumentParser:
                         help="recompute every shard, replacing existing outputs")
     run.add_argument("--fail-fast", action="store_true", help="stop submitting shards after the first failure")
     run.add_argument("--retries", type=int, default=1, help="retries per shard task on I/O errors (default 1)")
+    run.add_argument("--fuse-operations", action="store_true", help="one task per shard for all its operations "
+                     "and its check, instead of one task per operation (for runs of very many shards)")
     verify = sub.add_parser("verify", help="prove an all-in-one sidecar is complete, aligned and sane")
     add_common(verify)
     verify.add_argument("--all", action="store_true", help="score statistics over all shards, not the sample")
@@ -77,57 +85,67 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def effective_output(args, pipeline) -> str:
-    from tasks.storage import normalize_prefix
+def run_config(args, command: str):
+    """The RunConfig of `run` or `verify`, from the command line; ConfigError (exit 2) for bad input."""
+    runner = RunnerChoice(args.use_ray, args.ray_address, args.task_cpus, args.task_memory_gb, debug=args.debug)
+    if command == "verify":
+        return RunConfig.load(args.pipeline, args.output_prefix, args.datasets_dir, runner=runner,
+                              max_inflight=args.max_inflight or DEFAULT_VERIFY_INFLIGHT,
+                              samples=DEFAULT_SAMPLES if args.samples is None else args.samples,
+                              all_shards=args.all, seed=args.seed)
+    config = RunConfig.load(args.pipeline, args.output_prefix, args.datasets_dir, new_output_if_missing=True,
+                            runner=runner, max_inflight=args.max_inflight or DEFAULT_MAX_INFLIGHT,
+                            overwrite=args.overwrite, fail_fast=args.fail_fast, retries=args.retries,
+                            fuse_operations=args.fuse_operations)
+    if config.new_output:
+        print(f"NOTE: no --output-prefix given; writing to a NEW prefix {config.output_prefix}\n"
+              f"      (sidecar_prefix in the YAML is {config.pipeline.dataset.sidecar_prefix}; pass --output-prefix "
+              "to resume or to write elsewhere)", file=sys.stderr)
+    return config
 
-    if args.output_prefix:
-        try:
-            return normalize_prefix(args.output_prefix)
-        except ValueError as exc:
-            from tasks.errors import ConfigError
 
-            raise ConfigError(f"--output-prefix: {exc}") from None
-    stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
-    out = pipeline.dataset.sidecar_prefix.rstrip("/") + f"_run_{stamp}/"
-    print(f"NOTE: no --output-prefix given; writing to a NEW prefix {out}\n"
-          f"      (sidecar_prefix in the YAML is {pipeline.dataset.sidecar_prefix}; pass --output-prefix to "
-          "resume or to write elsewhere)", file=sys.stderr)
-    return out
-
+# Commands import what they run only once the arguments are checked: Prefect and Ray cost seconds to import,
+# which a dry run, a config error or `--help` should not pay.
 
 def cmd_run(args) -> int:
-    from tasks.config import check_output_prefix, load_pipeline
-
-    pipeline = load_pipeline(args.pipeline, args.datasets_dir)
-    output = effective_output(args, pipeline)
-    check_output_prefix(pipeline, output)
+    config = run_config(args, "run")
     if args.dry_run:
         from tasks.dryrun import dry_run
 
-        return dry_run(pipeline, output, samples=args.samples or 20, overwrite=args.overwrite)
+        return dry_run(config.pipeline, config.output_prefix, samples=20 if args.samples is None else args.samples, overwrite=args.overwrite)
     from flows.launch import run_merge
 
-    return run_merge(args, output)
+    return run_merge(config, keep_history=args.keep_run_history)
 
 
 def cmd_verify(args) -> int:
-    from flows.verify import main as verify_main
+    config = run_config(args, "verify")
+    from flows.launch import run_verify
 
-    return verify_main(args)
+    return run_verify(config, keep_history=args.keep_run_history, json_path=args.json_path)
 
 
 def cmd_demo(args) -> int:
-    from tasks.demo import run_demo
+    """Build demo-data/, dry-run, merge and verify, the way an operator would."""
+    from tasks.demo import DEMO_PIPELINE, DEMO_ROOT, make_dataset
 
-    return run_demo(args)
+    shutil.rmtree(DEMO_ROOT, ignore_errors=True)
+    make_dataset(DEMO_ROOT, shards=args.shards, rows=args.rows)
+    print(f"demo data written under {DEMO_ROOT}/ ({args.shards} shards x {args.rows} rows)", file=sys.stderr)
+    out = ["--output-prefix", f"{DEMO_ROOT}/all_in_one/"]
+    extra = (["--use-ray"] if args.use_ray else []) + (["--debug"] if args.debug else [])
+    for argv in (["run", DEMO_PIPELINE, *out, "--dry-run"], ["run", DEMO_PIPELINE, *out, *extra],
+                 ["verify", DEMO_PIPELINE, *out, *extra]):
+        print(f"\n$ sidecar-ops {' '.join(argv)}", file=sys.stderr)
+        code = main(argv)
+        if code:
+            return code
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     quiet_environment(args.debug)
-    from tasks.errors import ConfigError, ShardError
-    from tasks.summary import RunFailed
-
     try:
         return {"run": cmd_run, "verify": cmd_verify, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:

@@ -1,12 +1,18 @@
-"""Start a merge run from the command line: one Prefect API, quiet consoles, the summary at the end."""
+"""Start a merge or verify run from the command line: one Prefect API, quiet consoles, the result at the end.
+
+The flow modules are imported while the run's own Prefect server starts (the two overlap: ~1.5 s each).
+"""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
-import os
 import sys
 
+from flows import cluster
+from flows.runconfig import RunConfig, RunnerChoice
 from flows.server import configured_api, prefect_api
+from tasks.report import table_lines, write_json
 
 NOISY_ON_CONSOLE = ("prefect.flow_runs", "prefect.task_runs", "prefect.engine", "prefect.task_engine",
                     "prefect.flow_engine", "prefect._internal", "prefect.task_runner",
@@ -43,14 +49,10 @@ class _RayChatterFilter(logging.Filter):
         return not record.getMessage().startswith(RAY_CHATTER)
 
 
-def prepare_ray(args) -> None:
-    """Ray wiring from the command line: workers learn about --debug; Ray's notices stay off the console."""
-    if not args.use_ray:
+def quiet_ray(choice: RunnerChoice) -> None:
+    """Ray's notices stay off the console unless --debug."""
+    if not choice.use_ray or choice.debug:
         return
-    if args.debug:
-        os.environ["SIDECAR_OPS_DEBUG"] = "1"
-        return
-    os.environ.pop("SIDECAR_OPS_DEBUG", None)
     for name in RAY_NOTICES:
         logging.getLogger(name).setLevel(logging.ERROR)
     logging.getLogger("ray._private.worker").addFilter(_RayChatterFilter())
@@ -65,39 +67,60 @@ def flush_api_logs() -> None:
     EventsWorker.drain_all(timeout=5)
 
 
-def server_host(args) -> str:
+def server_host(choice: RunnerChoice) -> str:
     """Where a server this run starts must listen: loopback, unless Ray workers on other hosts report to it.
     Joining a cluster is checked here, before anything starts: token, reachable head, a route back."""
-    if not args.use_ray:
+    if not choice.use_ray:
         return "127.0.0.1"
-    from flows import cluster
-
-    target = cluster.ray_target(args.ray_address)
+    target = cluster.ray_target(choice.ray_address)
     cluster.prepare(target)
     if target.all_on_this_host or configured_api():
         return "127.0.0.1"
     return cluster.driver_host(target)
 
 
-def run_merge(args, output_prefix: str) -> int:
-    host = server_host(args)
-    with prefect_api(ui=args.debug, host=host, keep_history=args.keep_run_history, announce=args.debug,
-                     while_starting=lambda: importlib.import_module("flows.merge")) as api_url:
-        quiet_console(args.debug)
-        prepare_ray(args)
-        from flows.merge import merge_flow
-
-        print(f"merging {args.pipeline} -> {output_prefix} (Prefect API {api_url})", file=sys.stderr)
+@contextlib.contextmanager
+def session(config: RunConfig, what: str, keep_history: bool = False, while_starting=None):
+    """The Prefect API of one command-line run (a server of its own unless PREFECT_API_URL is set), a quiet
+    console, and buffered logs sent before the server stops."""
+    debug = config.runner.debug
+    with prefect_api(ui=debug, host=server_host(config.runner), keep_history=keep_history, announce=debug,
+                     while_starting=while_starting) as api_url:
+        quiet_console(debug)
+        quiet_ray(config.runner)
+        print(f"{what} {config.pipeline.path} -> {config.output_prefix} (Prefect API {api_url})", file=sys.stderr)
         try:
-            summary = merge_flow(
-                pipeline=os.path.abspath(args.pipeline), output_prefix=output_prefix,
-                skip_existing=not args.overwrite, overwrite=args.overwrite, max_inflight=args.max_inflight or 32,
-                fail_fast=args.fail_fast, datasets_dir=args.datasets_dir, retries=args.retries,
-                use_ray=args.use_ray, ray_address=args.ray_address, task_cpus=args.task_cpus,
-                task_memory_gb=args.task_memory_gb)
+            yield api_url
         finally:
             flush_api_logs()
-    from tasks.summary import Summary
 
-    print("\n".join(Summary(**summary).lines()))
+
+def run_merge(config: RunConfig, keep_history: bool = False) -> int:
+    """`sidecar-ops run`: 0 when every shard is complete; RunFailed (exit 1) names the failed ones."""
+    with session(config, "merging", keep_history, while_starting=lambda: importlib.import_module("flows.merge")):
+        from flows.merge import merge_flow  # imported while the server started
+
+        summary = merge_flow(**config.flow_parameters(*MERGE_PARAMETERS))
+    print("\n".join(summary.lines()))
     return 0
+
+
+def run_verify(config: RunConfig, keep_history: bool = False, json_path: str | None = None) -> int:
+    """`sidecar-ops verify`: 0 when every check passes, 1 when any fails."""
+    with session(config, "verifying", keep_history, while_starting=lambda: importlib.import_module("flows.verify")):
+        from flows.verify import VerifyFailed, verify_flow
+
+        try:
+            report = verify_flow(**config.flow_parameters(*VERIFY_PARAMETERS))
+        except VerifyFailed as exc:
+            report = exc.report
+    print("\n".join(table_lines(report)))
+    if json_path:
+        write_json(report, json_path)
+    return 0 if report["ok"] else 1
+
+
+COMMON_PARAMETERS = ("pipeline", "output_prefix", "datasets_dir", "use_ray", "ray_address", "task_cpus",
+                     "task_memory_gb", "max_inflight", "debug")
+MERGE_PARAMETERS = (*COMMON_PARAMETERS, "overwrite", "fail_fast", "retries", "fuse_operations")
+VERIFY_PARAMETERS = (*COMMON_PARAMETERS, "samples", "all_shards", "seed")

@@ -1,139 +1,123 @@
-"""The merge flow: plan -> per shard: merge op 0 -> op 1 -> ... -> verify -> summary.
+"""The merge flow: plan -> per shard: merge op 0 -> op 1 -> ... -> verify (or one fused task) -> summary.
 
 Run it with `sidecar-ops run PIPELINE.yaml ...` or `python flows/merge.py PIPELINE.yaml ...`.
 """
 from __future__ import annotations
 
-import os
-import queue
 import time
 import uuid
 
 from prefect import flow, get_run_logger
-from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.runtime import flow_run
+from prefect.settings import PREFECT_API_URL
 
 from flows.artifacts import ProgressArtifact, publish_summary
-from tasks.config import check_output_prefix, load_pipeline
-from tasks.errors import one_line
+from flows.runconfig import DEFAULT_MAX_INFLIGHT, DEFAULT_RETRIES, RunConfig, RunnerChoice
+from flows.scheduler import make_runner, run_window
 from tasks.merge import Job
 from tasks.plan import make_plan, refuse_foreign, refuse_unmatched
-from tasks.prefect_tasks import merge_step, verify_step
+from tasks.prefect_tasks import fused_shard, merge_step, verify_step
 from tasks.progress import Progress
 from tasks.storage import sweep_stale
 from tasks.summary import RunFailed, Summary
 
-DEFAULT_MAX_INFLIGHT = 32
 PLAN_LINES = 20  # untrusted outputs named one per log line; the rest are counted
-
-
-def final_state(future):
-    """The state the task ended in. `wait()` first: `.state` alone may ask the API, which can lag behind."""
-    future.wait()
-    return future.state
-
-
-def chain_error(futures: list) -> str:
-    """The first failure along one shard's chain (later steps only say their upstream failed)."""
-    for future in futures:
-        state = final_state(future)
-        if state.is_failed() or state.is_crashed():
-            return one_line(state.result(raise_on_failure=False))
-    return one_line(final_state(futures[-1]).result(raise_on_failure=False))
 
 
 def run_id() -> str:
     """This flow run's id (recorded in each output's provenance), or a fresh one outside a flow run."""
-    from prefect.runtime import flow_run
-
     return str(flow_run.id or uuid.uuid4())
 
 
-def submit_shard(runner, job: Job, relpath: str, merge, verify) -> list:
-    """Submit the chain of one shard; returns its futures, the verify future last."""
-    futures, upstream = [], None
-    for index in range(len(job.pipeline.operations)):
-        upstream = runner.submit(merge, {"job": job, "relpath": relpath, "index": index, "state": upstream})
-        futures.append(upstream)
-    futures.append(runner.submit(verify, {"job": job, "relpath": relpath, "stats": upstream}))
-    return futures
+class ShardSteps:
+    """The Prefect tasks of one shard, built once per run: a chain of one task per operation then the verify
+    task (the default: each step shows in the UI), or one task doing all of them (`fuse_operations`)."""
+
+    def __init__(self, runner, job: Job, config: RunConfig):
+        self.runner, self.job, self.fused = runner, job, config.fuse_operations
+        self.merge = merge_step.with_options(retries=config.retries)
+        self.verify = verify_step.with_options(retries=config.retries)
+        self.whole = fused_shard.with_options(retries=config.retries)
+
+    def submit(self, relpath: str) -> list:
+        """The futures of one shard, its last task last."""
+        if self.fused:
+            return [self.runner.submit(self.whole, {"job": self.job, "relpath": relpath})]
+        futures, upstream = [], None
+        for index in range(len(self.job.pipeline.operations)):
+            upstream = self.runner.submit(self.merge, {"job": self.job, "relpath": relpath, "index": index,
+                                                       "state": upstream})
+            futures.append(upstream)
+        futures.append(self.runner.submit(self.verify, {"job": self.job, "relpath": relpath, "stats": upstream}))
+        return futures
 
 
-def run_shards(runner, job: Job, todo: list[str], summary: Summary, max_inflight: int, fail_fast: bool,
-               retries: int, progress: Progress, ui: ProgressArtifact, logger) -> None:
-    """A sliding window of at most `max_inflight` shard chains; each shard's futures go once it is done."""
-    finished: queue.Queue = queue.Queue()
-    inflight: dict[str, list] = {}
-    merge, verify = merge_step.with_options(retries=retries), verify_step.with_options(retries=retries)  # once
-
-    def collect_one() -> None:
-        relpath = finished.get()
-        futures = inflight.pop(relpath)
-        state = final_state(futures[-1])
-        if state.is_completed():
-            stats = state.result()
-            summary.merged += 1
-            summary.rows += stats.rows
-            summary.bytes += stats.bytes
-            summary.ops_skipped += stats.skipped_ops
+def run_shards(steps: ShardSteps, todo: list[str], config: RunConfig, summary: Summary, progress: Progress,
+               ui: ProgressArtifact, logger) -> None:
+    """Every shard to do through the scheduler's window; each finished one is counted, logged and shown."""
+    for done in run_window(todo, steps.submit, config.max_inflight, stop=lambda: config.fail_fast and not summary.ok):
+        relpath = done.item
+        if done.ok:
+            stats = done.result()
+            summary.add(stats)
             progress.update(done=1, rows=stats.rows)
             skipped = f", {stats.skipped_ops} operation(s) skipped (no sibling)" if stats.skipped_ops else ""
             logger.info("shard %s merged: %d rows, %d bytes%s", relpath, stats.rows, stats.bytes, skipped)
         else:
-            error = chain_error(futures)
+            error = done.error()
             summary.failed.append((relpath, error))
             progress.update(failed=1)
             logger.error("shard %s FAILED: %s", relpath, error)
-        ui.update(summary.skipped + summary.merged + len(summary.failed))
-
-    for relpath in todo:
-        while len(inflight) >= max_inflight:
-            collect_one()
-        if fail_fast and summary.failed:
-            break
-        inflight[relpath] = futures = submit_shard(runner, job, relpath, merge, verify)
-        futures[-1].add_done_callback(lambda _f, rel=relpath: finished.put(rel))
-    while inflight:
-        collect_one()
+        ui.update(summary.finished)
 
 
 @flow(name="sidecar-merge", flow_run_name="merge {pipeline}", log_prints=False, validate_parameters=True)
-def merge_flow(pipeline: str, output_prefix: str, skip_existing: bool = True, overwrite: bool = False,
+def merge_flow(pipeline: str, output_prefix: str, overwrite: bool = False,
                max_inflight: int = DEFAULT_MAX_INFLIGHT, fail_fast: bool = False, datasets_dir: str | None = None,
-               retries: int = 1, use_ray: bool = False, ray_address: str | None = None,
+               retries: int = DEFAULT_RETRIES, use_ray: bool = False, ray_address: str | None = None,
                task_cpus: float | None = None, task_memory_gb: float | None = None,
-               max_workers: int | None = None) -> dict:
-    """Merge every shard of PIPELINE's base sidecar with its score sidecars into `output_prefix`."""
+               fuse_operations: bool = False, debug: bool = False, max_workers: int | None = None) -> Summary:
+    """Merge every shard of PIPELINE's base sidecar with its score sidecars into `output_prefix`.
+    `overwrite` recomputes every shard; otherwise complete outputs are kept (resume)."""
+    runner = RunnerChoice(use_ray, ray_address, task_cpus, task_memory_gb, max_workers, debug)
+    config = RunConfig.load(pipeline, output_prefix, datasets_dir, runner=runner, max_inflight=max_inflight,
+                            overwrite=overwrite, fail_fast=fail_fast, retries=retries,
+                            fuse_operations=fuse_operations)
+    return merge(config)
+
+
+def merge(config: RunConfig) -> Summary:
+    """The body of a merge flow run: plan, refuse what cannot be right, run the shards, summarize."""
     logger = get_run_logger()
     start = time.monotonic()
-    pipe = load_pipeline(pipeline, datasets_dir)
-    replace = overwrite or not skip_existing
-    job = Job(pipe, output_prefix, run_id=run_id(), overwrite=replace)
-    check_output_prefix(pipe, output_prefix)
-    plan = make_plan(job, overwrite=replace)
+    job = Job(config.pipeline, config.output_prefix, run_id=run_id(), overwrite=config.overwrite)
+    plan = make_plan(job, overwrite=config.overwrite)
     refuse_unmatched(plan)
-    if not overwrite:
+    if not config.overwrite:
         refuse_foreign(plan)
-    if swept := sweep_stale(output_prefix):
-        logger.info("removed %d leftover temp file(s)/upload(s) of killed writers under %s", swept, output_prefix)
-    summary = Summary(output_prefix, total=len(plan.shards), skipped=len(plan.complete), stale=len(plan.stale))
+    if swept := sweep_stale(config.output_prefix):
+        logger.info("removed %d leftover temp file(s)/upload(s) of killed writers under %s", swept,
+                    config.output_prefix)
+    summary = Summary(config.output_prefix, total=len(plan.shards), skipped=len(plan.complete),
+                      stale=len(plan.stale))
     log_plan(logger, plan, summary)
     progress = Progress("merge", summary.total)
     progress.update(skipped=summary.skipped)
-    ui = ProgressArtifact("merge-progress", summary.total, f"shards finished of {summary.total}: {output_prefix}")
+    ui = ProgressArtifact("merge-progress", summary.total,
+                          f"shards finished of {summary.total}: {config.output_prefix}")
     ui.update(summary.skipped)
     if plan.todo:
-        with make_runner(use_ray, ray_address, max_workers, task_cpus, task_memory_gb) as runner:
-            run_shards(runner, job, plan.todo, summary, max(1, max_inflight), fail_fast, retries, progress, ui,
-                       logger)
+        with make_runner(config.runner, PREFECT_API_URL.value()) as runner:
+            run_shards(ShardSteps(runner, job, config), plan.todo, config, summary, progress, ui, logger)
     progress.close()
-    ui.update(summary.skipped + summary.merged + len(summary.failed), final=True)
+    ui.update(summary.finished, final=True)
     summary.seconds = time.monotonic() - start
     for line in summary.lines():
         logger.info(line)
-    publish_summary(summary, pipeline)
+    publish_summary(summary, config.pipeline.path)
     if not summary.ok:
         raise RunFailed(summary)
-    return summary.to_dict()
+    return summary
 
 
 def log_plan(logger, plan, summary: Summary) -> None:
@@ -150,29 +134,6 @@ def log_plan(logger, plan, summary: Summary) -> None:
             logger.info("shard %s: existing output %s (%s); recomputing", relpath, what, why)
         if len(outputs) > PLAN_LINES:
             logger.info("... and %d more outputs %s, recomputing", len(outputs) - PLAN_LINES, what)
-
-
-# Non-secret settings every Ray worker needs to behave like the driver (the S3 endpoint and region, retry and
-# upload tuning, Prefect log levels). Credentials never travel: each node uses its own credential chain.
-FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_MAX_ATTEMPTS",
-                 "AWS_RETRY_MODE", "SIDECAR_OPS_PART_SIZE", "DO_NOT_TRACK")
-FORWARDED_ENV_PREFIXES = ("PREFECT_LOGGING_",)
-
-
-def forwarded_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k in FORWARDED_ENV or k.startswith(FORWARDED_ENV_PREFIXES)}
-
-
-def make_runner(use_ray: bool, ray_address: str | None, max_workers: int | None, task_cpus: float | None,
-                task_memory_gb: float | None):
-    if not use_ray:
-        return ThreadPoolTaskRunner(max_workers=max_workers)
-    from flows.runners import make_task_runner
-
-    return make_task_runner(use_ray=True, ray_address=ray_address, max_workers=max_workers,
-                            task_cpus=task_cpus, task_memory_gb=task_memory_gb,
-                            debug=os.environ.get("SIDECAR_OPS_DEBUG") == "1",
-                            init_kwargs={"runtime_env": {"env_vars": forwarded_env()}})
 
 
 if __name__ == "__main__":

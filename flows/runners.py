@@ -44,7 +44,7 @@ from prefect.context import SettingsContext, SyncClientContext, serialize_contex
 from prefect.futures import PrefectFuture
 from prefect.settings import PREFECT_API_URL
 from prefect.task_engine import run_task_async, run_task_sync
-from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+from prefect.task_runners import TaskRunner
 from prefect.utilities.collections import visit_collection
 from prefect.utilities.engine import collect_task_run_inputs_sync
 from prefect_ray.context import RemoteOptionsContext
@@ -339,35 +339,28 @@ class FastRayTaskRunner(RayTaskRunner):
 
 
 def make_task_runner(
-    use_ray: bool,
     ray_address: str | None = None,
-    max_workers: int | None = None,
     task_cpus: float | None = None,
     task_memory_gb: float | None = None,
     *,
     debug: bool = False,
+    api_url: str | None = None,
     init_kwargs: dict[str, Any] | None = None,
-) -> TaskRunner[Any]:
-    """Build the task runner for a flow.
-
-    ``use_ray=False`` gives ``ThreadPoolTaskRunner(max_workers=max_workers)``.
-    Otherwise a ``FastRayTaskRunner`` whose tasks request ``num_cpus=task_cpus``
-    and ``memory=task_memory_gb GiB`` when given (``max_workers`` is ignored for
-    Ray: concurrency follows the cluster's CPUs and ``task_cpus``). Ray is quiet
-    unless ``debug`` (``log_to_driver=False``, ``logging_level=WARNING``).
-    The driver's ``PREFECT_API_URL`` is forwarded to workers via
-    ``runtime_env.env_vars`` unless ``init_kwargs`` already sets it.
+) -> FastRayTaskRunner:
+    """A ``FastRayTaskRunner`` whose tasks request ``num_cpus=task_cpus`` and
+    ``memory=task_memory_gb GiB`` when given (concurrency follows the cluster's
+    CPUs and ``task_cpus``). Ray is quiet unless ``debug``
+    (``log_to_driver=False``, ``logging_level=WARNING``). ``api_url`` (the
+    Prefect API of the run) reaches workers through ``runtime_env.env_vars``
+    unless ``init_kwargs`` already sets it, so no worker starts a temporary
+    server of its own.
     """
-    if not use_ray:
-        return ThreadPoolTaskRunner(max_workers=max_workers)
-
     kwargs: dict[str, Any] = dict(init_kwargs or {})
     if not debug:
         kwargs.setdefault("log_to_driver", False)
         kwargs.setdefault("logging_level", logging.WARNING)
     runtime_env = dict(kwargs.get("runtime_env") or {})
     env_vars = dict(runtime_env.get("env_vars") or {})
-    api_url = PREFECT_API_URL.value()
     if api_url:
         env_vars.setdefault("PREFECT_API_URL", api_url)
     runtime_env["env_vars"] = env_vars

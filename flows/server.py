@@ -129,16 +129,15 @@ def prefect_api(ui: bool = False, while_starting=None, host: str = "127.0.0.1", 
             db.save_template()
         from prefect.settings import temporary_settings
 
-        os.environ["PREFECT_API_URL"] = url  # inherited by Ray workers and child processes
-        # The credential lives only in this process's settings; Ray workers get it inside the settings each
-        # task carries (flows/runners.py), not through their environment.
+        # The URL and credential live in this process's Prefect settings only: the flow hands the URL to its Ray
+        # workers (flows/scheduler.py make_runner), and the credential travels inside the settings each task
+        # carries (flows/runners.py), never through an environment.
         # No flow run heartbeats: they serve crash detection on a long-lived server, and this one ends with the
         # run; their thread only delays the end of every run by up to a second.
         with temporary_settings({PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
                                  **({PREFECT_API_AUTH_STRING: auth} if auth else {})}):
             yield url
     finally:
-        os.environ.pop("PREFECT_API_URL", None)
         stop(proc)
         if db is not None:
             db.remove()

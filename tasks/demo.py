@@ -72,24 +72,3 @@ def make_dataset(root: str, shards: int = 12, rows: int = 2000, seed: int = 0,
                 continue  # the watermark job never covered this shard
             storage.write_atomic(table, prefixes[name] + rel)
     return prefixes
-
-
-def run_demo(args) -> int:
-    """Build demo-data/, dry-run, merge, and verify, the way an operator would."""
-    import shutil
-    import sys
-
-    from flows.cli import main
-
-    shutil.rmtree(DEMO_ROOT, ignore_errors=True)
-    make_dataset(DEMO_ROOT, shards=args.shards, rows=args.rows)
-    print(f"demo data written under {DEMO_ROOT}/ ({args.shards} shards x {args.rows} rows)", file=sys.stderr)
-    out = ["--output-prefix", f"{DEMO_ROOT}/all_in_one/"]
-    extra = (["--use-ray"] if args.use_ray else []) + (["--debug"] if args.debug else [])
-    for argv in (["run", DEMO_PIPELINE, *out, "--dry-run"], ["run", DEMO_PIPELINE, *out, *extra],
-                 ["verify", DEMO_PIPELINE, *out, *extra]):
-        print(f"\n$ sidecar-ops {' '.join(argv)}", file=sys.stderr)
-        code = main(argv)
-        if code:
-            return code
-    return 0

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import task
 import pyarrow.parquet as pq
+from prefect import task
 from prefect.cache_policies import NO_CACHE, CachePolicy
 from prefect.runtime import task_run
 from prefect.states import Completed
@@ -16,6 +16,7 @@ from prefect.states import Completed
 from tasks import merge, storage
 from tasks.errors import ShardError
 from tasks.merge import Job, ShardState, ShardStats
+from tasks.plan import judge_output
 
 
 def worth_retrying(task, task_run, state) -> bool:
@@ -52,8 +53,6 @@ def cached_output(job: Job, relpath: str, state: ShardState) -> ShardStats | Non
     """On a retry, stats of the existing output when it is exactly what this state would write (same
     fingerprint, row count and input key), else None. In an --overwrite run only an output this run wrote
     counts. A first attempt does not look (the plan just found no current output): no extra request per shard."""
-    from tasks.plan import judge_output
-
     if task_run.run_count <= 1:
         return None  # the plan found no current output; only an earlier attempt of this task can have written it
     uri = job.output_uri(relpath)
@@ -84,6 +83,11 @@ def merge_step(job: Job, relpath: str, index: int, state: ShardState | None = No
     state = merge.apply_step(job, relpath, index, state)
     if index < len(job.pipeline.operations) - 1:
         return state
+    return write_unless_cached(job, relpath, state)
+
+
+def write_unless_cached(job: Job, relpath: str, state: ShardState):
+    """The written output's stats, or a Completed state named Cached when a retry finds it already written."""
     if (stats := cached_output(job, relpath, state)) is not None:
         return Completed(name="Cached", message="output shard already made from these inputs", data=stats)
     return merge.write_output(job, relpath, state)
@@ -92,3 +96,16 @@ def merge_step(job: Job, relpath: str, index: int, state: ShardState | None = No
 @task(name="verify-shard", task_run_name="verify {relpath}", **SHARD_TASK)
 def verify_step(job: Job, relpath: str, stats: ShardStats) -> ShardStats:
     return merge.verify_output(job, relpath, stats)
+
+
+@task(name="merge-shard", task_run_name="merge {relpath}", **SHARD_TASK)
+def fused_shard(job: Job, relpath: str) -> ShardStats:
+    """Every operation of one shard, the write and its verification in one task (`--fuse-operations`):
+    one task run per shard instead of one per operation plus one, for runs of very many shards."""
+    state = merge.read_base(job, relpath)
+    for index in range(len(job.pipeline.operations)):
+        state = merge.apply_step(job, relpath, index, state)
+    written = write_unless_cached(job, relpath, state)
+    if not isinstance(written, ShardStats):
+        return written  # the Cached state: the output is already made from these inputs
+    return merge.verify_output(job, relpath, written)

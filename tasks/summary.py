@@ -23,6 +23,18 @@ class Summary:
     def ok(self) -> bool:
         return not self.failed
 
+    @property
+    def finished(self) -> int:
+        """Shards done one way or another: kept as complete, merged, or failed."""
+        return self.skipped + self.merged + len(self.failed)
+
+    def add(self, stats) -> None:
+        """Count one merged shard (its ShardStats)."""
+        self.merged += 1
+        self.rows += stats.rows
+        self.bytes += stats.bytes
+        self.ops_skipped += stats.skipped_ops
+
     def lines(self) -> list[str]:
         rate = self.rows / self.seconds if self.seconds else 0.0
         out = [f"output: {self.output_prefix}",

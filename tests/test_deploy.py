@@ -54,8 +54,8 @@ def test_prefect_yaml_declares_a_merge_and_a_verify_deployment_on_the_local_proc
         # no pull step: `prefect deploy` records the clone's absolute path as the working directory
         assert "pull" not in d
     merge = found[("flows.merge:merge_flow", "local")]["parameters"]
-    assert {k: merge[k] for k in ("skip_existing", "max_inflight", "task_cpus", "task_memory_gb", "use_ray")} == \
-        {"skip_existing": True, "max_inflight": 128, "task_cpus": 1, "task_memory_gb": 4, "use_ray": False}
+    assert {k: merge[k] for k in ("overwrite", "max_inflight", "task_cpus", "task_memory_gb", "use_ray")} == \
+        {"overwrite": False, "max_inflight": 128, "task_cpus": 1, "task_memory_gb": 4, "use_ray": False}
 
 
 @pytest.mark.parametrize("with_k8s", [False, True], ids=["process", "with-kubernetes-examples"])

@@ -21,6 +21,8 @@ from prefect.context import FlowRunContext, TaskRunContext, hydrated_context, se
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect_ray.context import remote_options
 
+from flows.runconfig import RunnerChoice
+from flows.scheduler import make_runner
 from flows.runners import (
     KNOWN_CONTEXT_KEYS,
     KNOWN_SETTINGS_KEYS,
@@ -39,7 +41,9 @@ def _ray_cleanup():
 
 
 def runner(**kw) -> FastRayTaskRunner:
-    r = make_task_runner(True, **kw)
+    from prefect.settings import PREFECT_API_URL
+
+    r = make_task_runner(api_url=PREFECT_API_URL.value(), **kw)
     r.init_kwargs.update(num_cpus=2, include_dashboard=False)
     return r
 
@@ -93,18 +97,19 @@ def square(x: int) -> int:
 
 
 def test_make_task_runner_choices():
-    tp = make_task_runner(False, max_workers=3)
+    tp = make_runner(RunnerChoice(max_workers=3))
     assert isinstance(tp, ThreadPoolTaskRunner) and tp._max_workers == 3
+    assert isinstance(make_runner(RunnerChoice(use_ray=True, ray_address="auto")), FastRayTaskRunner)
     r = make_task_runner(
-        True, "auto", task_cpus=1.5, task_memory_gb=0.5,
+        "auto", task_cpus=1.5, task_memory_gb=0.5, api_url="http://10.0.0.1:4200/api",
         init_kwargs={"runtime_env": {"env_vars": {"A": "1"}}},
     )
     assert r.address == "auto"
     assert r.remote_options == {"num_cpus": 1.5, "memory": 2**29}
     assert r.init_kwargs["log_to_driver"] is False
-    assert r.init_kwargs["runtime_env"]["env_vars"]["A"] == "1"
+    assert r.init_kwargs["runtime_env"]["env_vars"] == {"A": "1", "PREFECT_API_URL": "http://10.0.0.1:4200/api"}
     assert r.duplicate() == r
-    assert make_task_runner(True, debug=True).init_kwargs.get("log_to_driver", True) is True
+    assert make_task_runner(debug=True).init_kwargs.get("log_to_driver", True) is True
 
 
 def test_serialized_context_keys_known(prefect_api):

@@ -25,6 +25,6 @@ def run_flow(pipeline: str, output: str, *, overwrite: bool = False, use_ray: bo
     from flows.merge import merge_flow
 
     t0 = time.perf_counter()
-    summary = merge_flow(pipeline=pipeline, output_prefix=output, skip_existing=not overwrite, overwrite=overwrite,
-                         max_inflight=max_inflight, use_ray=use_ray)
-    return time.perf_counter() - t0, summary
+    summary = merge_flow(pipeline=pipeline, output_prefix=output, overwrite=overwrite, max_inflight=max_inflight,
+                         use_ray=use_ray)
+    return time.perf_counter() - t0, summary.to_dict()

@@ -1,0 +1,99 @@
+"""A run's configuration, built once and passed down: the pipeline, where it is written, how it runs.
+
+The command line builds it from its arguments (so bad input stops before any server starts); a flow run
+builds the same object from its parameters, so a deployment run, a UI "Custom run" and a CLI run with the
+same values behave alike. Nothing below reads the environment for these choices.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from tasks.config import Pipeline, check_output_prefix, load_pipeline
+from tasks.errors import ConfigError
+from tasks.storage import normalize_prefix
+
+DEFAULT_MAX_INFLIGHT = 32        # merge: shard chains in flight at once
+DEFAULT_VERIFY_INFLIGHT = 8      # verify: each deep check holds a base, an output and a source table
+DEFAULT_SAMPLES = 50             # verify: shards compared value by value
+DEFAULT_RETRIES = 1
+
+
+@dataclass(frozen=True)
+class RunnerChoice:
+    """Where shard tasks run: Prefect's thread pool, or Ray (a local instance, or a cluster's address)."""
+
+    use_ray: bool = False
+    ray_address: str | None = None
+    task_cpus: float | None = None
+    task_memory_gb: float | None = None
+    max_workers: int | None = None   # thread pool size (None: Prefect's default)
+    debug: bool = False              # Ray logs reach the driver
+
+    @property
+    def joins_cluster(self) -> bool:
+        return self.use_ray and self.ray_address not in (None, "local")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    pipeline: Pipeline
+    output_prefix: str
+    pipeline_file: str               # absolute path of the pipeline YAML (what a flow run records)
+    datasets_dir: str | None = None
+    new_output: bool = False         # no output prefix was given: a new timestamped one was chosen
+    runner: RunnerChoice = field(default_factory=RunnerChoice)
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
+    # merge
+    overwrite: bool = False          # recompute every shard (else resume: keep complete outputs)
+    fail_fast: bool = False
+    retries: int = DEFAULT_RETRIES
+    fuse_operations: bool = False    # one task per shard instead of one per operation
+    # verify
+    samples: int = DEFAULT_SAMPLES
+    all_shards: bool = False
+    seed: int = 0
+
+    @classmethod
+    def load(cls, pipeline_file: str, output_prefix: str | None, datasets_dir: str | None = None, *,
+             new_output_if_missing: bool = False, **options) -> RunConfig:
+        """The one constructor: the pipeline loaded and validated, a normalized output prefix apart from every
+        input (or, with `new_output_if_missing`, a new timestamped sibling of the sidecar_prefix), sane limits."""
+        pipeline = load_pipeline(pipeline_file, datasets_dir)
+        new_output = not output_prefix and new_output_if_missing
+        output = default_output(pipeline) if new_output else checked_output(output_prefix)
+        check_output_prefix(pipeline, output)
+        config = cls(pipeline, output, os.path.abspath(pipeline_file), datasets_dir, new_output, **options)
+        for name, least in (("max_inflight", 1), ("retries", 0), ("samples", 0)):
+            if getattr(config, name) < least:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be {least} or more, got {getattr(config, name)}")
+        return config
+
+    def flow_parameters(self, *names: str) -> dict:
+        """The flow run parameters that rebuild this config (the ones a deployment passes)."""
+        r = self.runner
+        values = {"pipeline": self.pipeline_file, "output_prefix": self.output_prefix,
+                  "datasets_dir": self.datasets_dir, "use_ray": r.use_ray, "ray_address": r.ray_address,
+                  "task_cpus": r.task_cpus, "task_memory_gb": r.task_memory_gb, "max_inflight": self.max_inflight,
+                  "debug": r.debug, "overwrite": self.overwrite, "fail_fast": self.fail_fast,
+                  "retries": self.retries, "fuse_operations": self.fuse_operations, "samples": self.samples,
+                  "all_shards": self.all_shards, "seed": self.seed}
+        return {name: values[name] for name in names}
+
+
+def checked_output(prefix: str | None) -> str:
+    """The normalized output prefix; only verify can lack one (a merge without one gets a new prefix)."""
+    if not prefix:
+        raise ConfigError("verify needs --output-prefix: the all-in-one sidecar to check")
+    try:
+        return normalize_prefix(prefix)
+    except ValueError as exc:
+        raise ConfigError(f"--output-prefix: {exc}") from None
+
+
+def default_output(pipeline: Pipeline) -> str:
+    """A new timestamped sibling of the dataset's sidecar_prefix (a run without --output-prefix)."""
+    stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
+    return pipeline.dataset.sidecar_prefix.rstrip("/") + f"_run_{stamp}/"

@@ -1,0 +1,95 @@
+"""The one shard scheduler of merge and verify: a bounded window of shard work over a Prefect task runner.
+
+`run_window` submits shards while fewer than `max_inflight` are in flight and yields each as it finishes,
+with the final state of its last task, so the driver never holds more than a window of futures (a 10^5-shard
+run would otherwise hang or bloat on unbounded submission). `make_runner` picks the task runner from the
+run's RunnerChoice: Prefect's thread pool, or Ray.
+"""
+from __future__ import annotations
+
+import os
+import queue
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows.runconfig import RunnerChoice
+from tasks.errors import one_line
+
+# Non-secret settings every Ray worker needs to behave like the driver (Prefect's log levels, telemetry off)
+# besides the storage backends' own (endpoint, region, retries, upload tuning). Credentials never travel:
+# each node uses its own credential chain.
+FORWARDED_ENV = ("DO_NOT_TRACK", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",
+                 "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE", "SIDECAR_OPS_PART_SIZE")
+FORWARDED_ENV_PREFIXES = ("PREFECT_LOGGING_",)
+
+
+@dataclass
+class Finished:
+    """One shard's work, done: the item it was submitted for, its futures (in order) and the last one's state."""
+
+    item: Any
+    futures: list
+    state: Any
+
+    @property
+    def ok(self) -> bool:
+        return self.state.is_completed()
+
+    def result(self):
+        return self.state.result()
+
+    def error(self) -> str:
+        """The first failure along the chain, in one line (later steps only say that their upstream failed)."""
+        for future in self.futures:
+            state = final_state(future)
+            if state.is_failed() or state.is_crashed():
+                return one_line(state.result(raise_on_failure=False))
+        return one_line(self.state.result(raise_on_failure=False))
+
+
+def final_state(future):
+    """The state a task ended in. `wait()` first: `.state` alone may ask the API, which can lag behind."""
+    future.wait()
+    return future.state
+
+
+def run_window(items: Iterable, submit: Callable[[Any], list], max_inflight: int,
+               stop: Callable[[], bool] = lambda: False) -> Iterator[Finished]:
+    """Submit `submit(item)` (a list of futures, the shard's last task last) for each item, at most
+    `max_inflight` at once; yield every submitted item once it is finished. After `stop()` turns true no new
+    item is submitted (fail-fast); those in flight still finish and are yielded."""
+    finished: queue.Queue = queue.Queue()
+    inflight: dict[int, tuple[Any, list]] = {}
+
+    def collect() -> Finished:
+        ticket = finished.get()
+        item, futures = inflight.pop(ticket)
+        return Finished(item, futures, final_state(futures[-1]))
+
+    for ticket, item in enumerate(items):
+        while len(inflight) >= max(1, max_inflight):
+            yield collect()
+        if stop():
+            break
+        futures = submit(item)
+        inflight[ticket] = (item, futures)
+        futures[-1].add_done_callback(lambda _f, t=ticket: finished.put(t))
+    while inflight:
+        yield collect()
+
+
+def forwarded_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k in FORWARDED_ENV or k.startswith(FORWARDED_ENV_PREFIXES)}
+
+
+def make_runner(choice: RunnerChoice, api_url: str | None = None):
+    """Prefect's thread pool, or a Ray task runner whose workers report to `api_url`."""
+    if not choice.use_ray:
+        return ThreadPoolTaskRunner(max_workers=choice.max_workers)
+    from flows.runners import make_task_runner  # imports Ray: only for runs that use it
+
+    return make_task_runner(ray_address=choice.ray_address, task_cpus=choice.task_cpus,
+                            task_memory_gb=choice.task_memory_gb, debug=choice.debug, api_url=api_url,
+                            init_kwargs={"runtime_env": {"env_vars": forwarded_env()}})

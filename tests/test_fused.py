@@ -1,0 +1,94 @@
+"""`--fuse-operations`: one task per shard does every operation, the write and its check.
+
+Its outputs are the per-operation chain's outputs (same content, same resume key), a failure names the same
+shard and operation, and the Prefect API records exactly one task run per shard.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from core_fixtures import build, read_meta, read_table, release_console_handlers, swap_rows_fn
+from test_flow_local import REL, SHARDS, assert_clean, assert_output_equals_inputs, summary_counts
+
+from tasks.merge import PROVENANCE_KEY
+
+PER_RUN = ("run_id", "written_at")  # provenance fields that differ between any two runs
+
+
+@pytest.fixture
+def run(cli, prefect_api):
+    def go(*argv):
+        try:
+            return cli("run", *argv)
+        finally:
+            release_console_handlers()
+    return go
+
+
+def provenance(uri: str) -> dict:
+    prov = json.loads(read_meta(uri).metadata[PROVENANCE_KEY])
+    return {k: v for k, v in prov.items() if k not in PER_RUN}
+
+
+def task_run_names(pipeline: str) -> set[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
+
+    client = get_client(sync_client=True)
+    flow_runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+        name=FlowRunFilterName(any_=[f"merge {pipeline}"])))
+    assert len(flow_runs) == 1
+    names: set[str] = set()
+    for _ in range(100):  # task runs reach the API through events: wait until every shard's is recorded
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_runs[0].id])))
+        names = {r.name for r in runs}
+        if len(runs) >= SHARDS:
+            return names
+        time.sleep(0.2)
+    return names
+
+
+def test_fused_run_equals_the_chain_and_records_one_task_per_shard(tmp_path, root, run):
+    fused = build(tmp_path / "fused", root + "fused/", shards=SHARDS)
+    code, out, err = run(fused.pipeline, "--output-prefix", fused.output, "--fuse-operations")
+    assert code == 0, err
+    assert_clean(out, err)
+    assert summary_counts(out) == (4, 4, 0, 0)
+    assert "operations skipped for missing siblings (required: false): 1" in out
+    assert_output_equals_inputs(fused)
+    assert task_run_names(fused.pipeline) == {f"merge {rel}" for rel in REL}
+
+    chain = build(tmp_path / "chain", root + "chain/", shards=SHARDS)
+    assert run(chain.pipeline, "--output-prefix", chain.output)[0] == 0
+    for rel in REL:
+        assert read_table(fused.output + rel).equals(read_table(chain.output + rel)), rel
+        want, got = provenance(chain.output + rel), provenance(fused.output + rel)
+        for prov in (want, got):  # the data's own locations differ between the two builds
+            prov.pop("main_prefix"), prov.pop("inputs"), prov.pop("input_key"), prov.pop("fingerprint")
+            for op in prov["operations"]:
+                op.pop("source_prefix"), op.pop("input", None)
+        assert got == want, rel
+
+
+def test_fused_and_chain_outputs_resume_each_other(tmp_path, run):
+    setup = build(tmp_path, str(tmp_path / "data") + "/", shards=SHARDS)
+    assert run(setup.pipeline, "--output-prefix", setup.output, "--fuse-operations")[0] == 0
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
+    assert code == 0, err
+    assert summary_counts(out) == (4, 0, 4, 0)
+
+
+def test_fused_failure_names_the_shard_and_the_operation(tmp_path, run):
+    setup = build(tmp_path, str(tmp_path / "data") + "/", shards=SHARDS)
+    bad = REL[1]
+    swap_rows_fn(setup.prefixes["dqm"] + bad, 2, 9)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--fuse-operations")
+    assert code == 1
+    assert summary_counts(out + err) == (4, 3, 0, 1)
+    failed = [line for line in (out + err).splitlines() if line.startswith("FAILED ")]
+    assert failed == [line for line in failed if line.startswith(
+        f"FAILED {bad}: shard {bad}: operations[0] (merge_from_sidecar from {setup.prefixes['dqm']}): "
+        "key mismatch in 2 of 40 rows; first at row 2")] and len(failed) == 1
+    assert "Traceback" not in out + err
