@@ -3,7 +3,7 @@
 The Prefect deployments (and the commented Kubernetes examples) load, import and accept their parameters;
 the Ray cluster config passes Ray's own validation and matches the guide's compute config; the Dockerfile
 copies only what exists and its entrypoint runs the guide's job command; every `sidecar-ops` command in the
-operating guide parses.
+operating guide (docs/operating-guide.md), the README and the other docs parses.
 """
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
-GUIDE = ROOT / "README.md"  # the operating guide is a section of it
+GUIDE = ROOT / "docs" / "operating-guide.md"
+# Every document that shows commands: the README's quickstart and command list, the guide, the Ray, cluster and
+# storage notes.
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 K8S_MARK = "# Kubernetes (uncomment to use)"
 # The guide's job command, with the image's /app paths (deploy/Dockerfile puts pipelines/ at /app/pipelines).
 JOB_COMMAND = ("sidecar-ops run /app/pipelines/example_merge_filters_dqm_ernie_image_aes.yaml --use-ray "
@@ -154,9 +157,9 @@ def test_image_entrypoint_hands_sidecar_ops_arguments_and_other_commands_on():
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error:")
 
 
-def guide_commands() -> list[str]:
+def guide_commands(document: Path = GUIDE) -> list[str]:
     shell, language = [], None
-    for line in GUIDE.read_text().splitlines():
+    for line in document.read_text().splitlines():
         if line.startswith("```"):
             language = line[3:].strip() if language is None else None
         elif language == "bash":
@@ -165,12 +168,25 @@ def guide_commands() -> list[str]:
     return [line.strip() for line in lines if line.strip().startswith("sidecar-ops ")]
 
 
-def test_every_sidecar_ops_command_in_the_operating_guide_parses():
-    from flows.cli import parser
-
+def test_the_operating_guide_shows_run_verify_and_the_job_command_unchanged():
     commands = guide_commands()
     assert {shlex.split(c)[1] for c in commands} >= {"run", "verify"}
-    for command in commands:
+    assert JOB_COMMAND in {" ".join(c.split()) for c in commands}  # step 3: the image runs the old job command
+
+
+def test_the_readme_shows_every_command():
+    commands = guide_commands(ROOT / "README.md")
+    assert {shlex.split(c)[1] for c in commands} == {"run", "verify", "demo"}
+    assert any("--dry-run" in c for c in commands)
+    text = (ROOT / "README.md").read_text()
+    assert "prefect deployment run 'sidecar-merge/" in text and "prefect deployment run 'sidecar-verify/" in text
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_sidecar_ops_command_in_the_docs_parses(document):
+    from flows.cli import parser
+
+    for command in guide_commands(document):
         argv = shlex.split(command.split(" #")[0])[1:]
         try:
             parser().parse_args(argv)
@@ -178,9 +194,12 @@ def test_every_sidecar_ops_command_in_the_operating_guide_parses():
             pytest.fail(f"does not parse ({exc.code}): {command}")
 
 
-def test_deployment_names_in_the_operating_guide_exist():
+def test_deployment_names_in_the_docs_exist():
     from prefect.utilities.importtools import import_object
 
     declared = {f"{import_object(d['entrypoint']).name}/{d['name']}" for d in deployments()}
-    named = set(re.findall(r"prefect deployment run '([\w-]+/[\w-]+)'", GUIDE.read_text()))
-    assert named and named <= declared, (named, declared)
+    pattern = r"prefect deployment run '([\w-]+/[\w-]+)'"
+    assert set(re.findall(pattern, GUIDE.read_text())) == declared  # the guide runs both deployments
+    for document in DOCUMENTS:
+        named = set(re.findall(pattern, document.read_text()))
+        assert named <= declared, (document.name, named, declared)
