@@ -97,7 +97,7 @@ def main() -> None:
             moto.stop()
     med = {m: {k: statistics.median(r[k] for r in runs) for k in ("wall", "flow")} for m, runs in results.items()}
     rows = args.shards * args.rows
-    lines = [f"| mode | end to end (median) | flow wall (median) | flow ratio to one-host | rows/s (flow) |",
+    lines = ["| mode | end to end (median) | flow wall (median) | flow ratio to one-host | rows/s (flow) |",
              "|---|---|---|---|---|"]
     for mode, m in med.items():
         lines.append(f"| {mode} | {m['wall']:.1f} s | {m['flow']:.1f} s | "

@@ -97,3 +97,16 @@ def cli(capsys, monkeypatch):
         return code, out, err
 
     return run
+
+
+@pytest.fixture
+def run(cli, prefect_api):
+    """`sidecar-ops run ARGS...` in-process on the session's Prefect API; returns (exit code, stdout, stderr)."""
+    from core_fixtures import release_console_handlers
+
+    def go(*argv):
+        try:
+            return cli("run", *argv)
+        finally:
+            release_console_handlers()
+    return go

@@ -12,25 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from core_fixtures import (build, expected_output, get_bytes, identities, objects, put_bytes, read_table,
-                           release_console_handlers, remove, swap_rows_fn, versioned)
+                           remove, swap_rows_fn, versioned)
 from tasks.demo import relpaths
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDS = 4
 REL = sorted(relpaths(SHARDS))
 ALL_COLUMNS = [("dqm", "dqm_d1_v6_1"), ("aes", "ernie_image_aes"), ("watermark", "watermark")]
-
-
-@pytest.fixture
-def run(cli, prefect_api):
-    def go(*argv):
-        try:
-            return cli("run", *argv)
-        finally:
-            release_console_handlers()
-    return go
 
 
 def assert_clean(out: str, err: str) -> None:

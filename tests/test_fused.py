@@ -8,23 +8,12 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-from core_fixtures import build, read_meta, read_table, release_console_handlers, swap_rows_fn
+from core_fixtures import build, read_meta, read_table, swap_rows_fn
 from test_flow_local import REL, SHARDS, assert_clean, assert_output_equals_inputs, summary_counts
 
 from tasks.merge import PROVENANCE_KEY
 
 PER_RUN = ("run_id", "written_at")  # provenance fields that differ between any two runs
-
-
-@pytest.fixture
-def run(cli, prefect_api):
-    def go(*argv):
-        try:
-            return cli("run", *argv)
-        finally:
-            release_console_handlers()
-    return go
 
 
 def provenance(uri: str) -> dict:

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -19,7 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from core_fixtures import build, read_table
-from netns_cluster import BIN, can_build, free_port, network, ray_cluster, sh
+from netns_cluster import BIN, can_build, free_port, network, ray_cluster
 from ray_fixtures import TAG, kill_tagged, new_tag, tagged
 
 from tasks import storage

@@ -13,7 +13,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from core_fixtures import build, identities, read_meta, read_table, release_console_handlers, versioned, write_table
+from core_fixtures import build, identities, read_meta, read_table, versioned, write_table
 from faultproxy import FaultProxy
 from reliability_fixtures import cli_env, make_demo, run_cli
 
@@ -27,16 +27,6 @@ from tasks.prefect_tasks import SHARD_INPUTS
 SHARDS = 4
 REL = sorted(relpaths(SHARDS))
 SUMMARY = re.compile(r"shards: (\d+) total, (\d+) merged, (\d+) skipped \(already complete\), (\d+) failed")
-
-
-@pytest.fixture
-def run(cli, prefect_api):
-    def go(*argv):
-        try:
-            return cli("run", *argv)
-        finally:
-            release_console_handlers()
-    return go
 
 
 def counts(out: str) -> tuple[int, ...]:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-import pytest
-from core_fixtures import build, identities, read_meta, release_console_handlers
+from core_fixtures import build, identities, read_meta
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId, FlowRunFilterName, TaskRunFilter,
                                             TaskRunFilterName)
@@ -23,16 +22,6 @@ from tasks.demo import relpaths
 SHARDS = 4
 REL = sorted(relpaths(SHARDS))
 GAP = relpaths(SHARDS)[-1]  # the shard without a watermark sibling: its optional operation is skipped
-
-
-@pytest.fixture
-def run(cli, prefect_api):
-    def go(*argv):
-        try:
-            return cli("run", *argv)
-        finally:
-            release_console_handlers()
-    return go
 
 
 def inject(monkeypatch, relpath: str, attempt: int, after_write: bool) -> Counter:
