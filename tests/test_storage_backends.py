@@ -11,11 +11,11 @@ from core_fixtures import build, expected_output, read_meta, read_table
 
 from tasks import storage
 from tasks.config import load_pipeline
+from tasks.demo import relpaths
 from tasks.errors import ConfigError
 from tasks.merge import Job, merge_shard, read_provenance
 from tasks.plan import make_plan
 from tasks.storage import generic
-from tasks.demo import relpaths
 
 REL = relpaths(2)
 
@@ -127,7 +127,7 @@ def test_atomic_backends_accept_outputs(prefix):
 
 def test_memory_write_is_one_store_update(memory_root):
     """The whole object appears at once: no empty or partial entry is ever in the store."""
-    fs, path = storage.filesystem(memory_root + "a.parquet")
+    fs, _ = storage.filesystem(memory_root + "a.parquet")
     seen = []
     store = fs.store
 
