@@ -13,16 +13,20 @@ from urllib.parse import urlparse
 
 import fsspec
 import pyarrow as pa
-from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.registry import known_implementations, registry
 
 from tasks.storage.backend import Backend
 
+try:  # the marker class of filesystems layered over another one (caches); recent fsspec only
+    from fsspec.implementations.chained import ChainedFileSystem
+except ImportError:
+    ChainedFileSystem = type("ChainedFileSystem", (), {})
+
 # Protocols that wrap another filesystem or a single file, or that reach no storage: never a prefix.
 WRAPPERS = frozenset({"dir", "generic", "reference", "async_wrapper", "asyncwrapper", "data", "zip", "tar",
-                      "libarchive", "chained"})
+                      "libarchive", "chained", "cached", "blockcache", "filecache", "simplecache"})
 
 
 def filesystem_class(protocol: str) -> type:
@@ -36,15 +40,18 @@ def filesystem_class(protocol: str) -> type:
         raise ValueError(f"fsspec knows no protocol {protocol!r}") from None
 
 
+def is_wrapper(protocol: str, cls: type) -> bool:
+    """True for protocols layered over another filesystem or a single file (caches, archives, dir://)."""
+    return protocol in WRAPPERS or issubclass(cls, ChainedFileSystem)
+
+
 def usable(protocol: str) -> bool:
-    """True when `protocol` is importable and names storage (not a wrapper of another filesystem)."""
-    if protocol in WRAPPERS:
-        return False
+    """True when `protocol` is importable, names storage, and is not local files under another name."""
     try:
         cls = filesystem_class(protocol)
     except Exception:  # noqa: BLE001 - any failure to import a third-party implementation means: not usable here
         return False
-    return not issubclass(cls, (ChainedFileSystem, LocalFileSystem))
+    return not is_wrapper(protocol, cls) and not issubclass(cls, LocalFileSystem)
 
 
 @cache
@@ -60,7 +67,7 @@ def normalize(uri: str, protocol: str) -> str:
     if "::" in uri:
         raise ValueError(f"chained fsspec URL {uri!r} is not supported; give the storage location itself")
     cls = filesystem_class(protocol)
-    if not usable(protocol):
+    if is_wrapper(protocol, cls):
         raise ValueError(f"{protocol!r} wraps another filesystem or a single file; give the storage itself")
     path = cls._strip_protocol(uri)
     if "://" in path or cls._get_kwargs_from_urls(uri):
