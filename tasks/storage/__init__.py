@@ -23,36 +23,11 @@ from tasks.storage.local import LocalBackend, local_identity
 from tasks.storage.s3 import MULTIPART_THRESHOLD, PART_SIZE, S3Backend, s3_identity
 from tasks.storage.s3 import _s3 as _s3  # tests and benchmarks clear its cache to switch endpoints
 
-__all__ = [
-    "MULTIPART_THRESHOLD",
-    "PART_SIZE",
-    "TEMP_MARK",
-    "Backend",
-    "Listing",
-    "backend",
-    "check_relpath",
-    "check_writable",
-    "dictionary_columns",
-    "entry_identity",
-    "file_identity",
-    "file_size",
-    "filesystem",
-    "inside",
-    "is_s3",
-    "join",
-    "list_prefix",
-    "local_identity",
-    "missing_root",
-    "normalize_prefix",
-    "open_parquet",
-    "pending_uploads",
-    "read_footer",
-    "s3_identity",
-    "sweep_stale",
-    "worker_env_names",
-    "write_atomic",
-    "write_text",
-]
+__all__ = ["MULTIPART_THRESHOLD", "PART_SIZE", "TEMP_MARK", "Backend", "Listing", "backend", "check_relpath",
+           "check_writable", "dictionary_columns", "entry_identity", "file_identity", "file_size", "filesystem",
+           "inside", "is_s3", "join", "list_prefix", "local_identity", "missing_root", "normalize_prefix",
+           "open_parquet", "pending_uploads", "read_footer", "s3_identity", "sweep_stale", "worker_env_names",
+           "write_atomic", "write_text"]
 
 ACCEPTED = "s3://bucket/path/, file:///abs/path/, or a local path"
 WRITABLE = "s3://, local paths (file://) and memory://"
