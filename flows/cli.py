@@ -93,7 +93,7 @@ def run_config(args, command: str):
                               max_inflight=args.max_inflight or DEFAULT_VERIFY_INFLIGHT,
                               samples=DEFAULT_SAMPLES if args.samples is None else args.samples,
                               all_shards=args.all, seed=args.seed)
-    config = RunConfig.load(args.pipeline, args.output_prefix, args.datasets_dir, new_output_if_missing=True,
+    config = RunConfig.load(args.pipeline, args.output_prefix, args.datasets_dir, writes=True,
                             runner=runner, max_inflight=args.max_inflight or DEFAULT_MAX_INFLIGHT,
                             overwrite=args.overwrite, fail_fast=args.fail_fast, retries=args.retries,
                             fuse_operations=args.fuse_operations)

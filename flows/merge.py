@@ -80,8 +80,8 @@ def merge_flow(pipeline: str, output_prefix: str, overwrite: bool = False,
     """Merge every shard of PIPELINE's base sidecar with its score sidecars into `output_prefix`.
     `overwrite` recomputes every shard; otherwise complete outputs are kept (resume)."""
     runner = RunnerChoice(use_ray, ray_address, task_cpus, task_memory_gb, max_workers, debug)
-    config = RunConfig.load(pipeline, output_prefix, datasets_dir, runner=runner, max_inflight=max_inflight,
-                            overwrite=overwrite, fail_fast=fail_fast, retries=retries,
+    config = RunConfig.load(pipeline, output_prefix, datasets_dir, writes=True, runner=runner,
+                            max_inflight=max_inflight, overwrite=overwrite, fail_fast=fail_fast, retries=retries,
                             fuse_operations=fuse_operations)
     return merge(config)
 

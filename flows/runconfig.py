@@ -12,7 +12,7 @@ from datetime import datetime
 
 from tasks.config import Pipeline, check_output_prefix, load_pipeline
 from tasks.errors import ConfigError
-from tasks.storage import normalize_prefix
+from tasks import storage
 
 DEFAULT_MAX_INFLIGHT = 32        # merge: shard chains in flight at once
 DEFAULT_VERIFY_INFLIGHT = 8      # verify: each deep check holds a base, an output and a source table
@@ -57,13 +57,19 @@ class RunConfig:
 
     @classmethod
     def load(cls, pipeline_file: str, output_prefix: str | None, datasets_dir: str | None = None, *,
-             new_output_if_missing: bool = False, **options) -> RunConfig:
+             writes: bool = False, **options) -> RunConfig:
         """The one constructor: the pipeline loaded and validated, a normalized output prefix apart from every
-        input (or, with `new_output_if_missing`, a new timestamped sibling of the sidecar_prefix), sane limits."""
+        input, sane limits. A run that `writes` (a merge) needs a backend that writes atomically there, and
+        without an output prefix gets a new timestamped sibling of the dataset's sidecar_prefix."""
         pipeline = load_pipeline(pipeline_file, datasets_dir)
-        new_output = not output_prefix and new_output_if_missing
+        new_output = not output_prefix and writes
         output = default_output(pipeline) if new_output else checked_output(output_prefix)
         check_output_prefix(pipeline, output)
+        if writes:
+            try:
+                storage.check_writable(output)
+            except ValueError as exc:
+                raise ConfigError(f"--output-prefix: {exc}") from None
         config = cls(pipeline, output, os.path.abspath(pipeline_file), datasets_dir, new_output, **options)
         for name, least in (("max_inflight", 1), ("retries", 0), ("samples", 0)):
             if getattr(config, name) < least:
@@ -88,7 +94,7 @@ def checked_output(prefix: str | None) -> str:
     if not prefix:
         raise ConfigError("verify needs --output-prefix: the all-in-one sidecar to check")
     try:
-        return normalize_prefix(prefix)
+        return storage.normalize_prefix(prefix)
     except ValueError as exc:
         raise ConfigError(f"--output-prefix: {exc}") from None
 

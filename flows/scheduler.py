@@ -15,13 +15,12 @@ from typing import Any, Callable, Iterable, Iterator
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.runconfig import RunnerChoice
+from tasks import storage
 from tasks.errors import one_line
 
-# Non-secret settings every Ray worker needs to behave like the driver (Prefect's log levels, telemetry off)
-# besides the storage backends' own (endpoint, region, retries, upload tuning). Credentials never travel:
-# each node uses its own credential chain.
-FORWARDED_ENV = ("DO_NOT_TRACK", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",
-                 "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE", "SIDECAR_OPS_PART_SIZE")
+# Non-secret settings every Ray worker needs to behave like the driver: the storage backends' own (endpoint,
+# region, retries, upload tuning) and telemetry off. Credentials never travel: each node uses its own chain.
+FORWARDED_ENV = (*storage.worker_env_names(), "DO_NOT_TRACK")
 FORWARDED_ENV_PREFIXES = ("PREFECT_LOGGING_",)
 
 

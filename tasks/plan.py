@@ -148,11 +148,9 @@ def make_plan(job: Job, overwrite: bool = False) -> Plan:
     sources = [_list(op.source_prefix, f"operations[{i}].source_prefix")
                for i, op in enumerate(pipeline.operations)]
     output = _list(job.output_prefix, "output prefix")
-    if storage.is_s3(job.output_prefix) and not output.exists:
-        bucket = job.output_prefix[len("s3://"):].split("/", 1)[0]
-        if not _exists(f"s3://{bucket}/"):
-            raise ConfigError(f"output prefix {job.output_prefix}: bucket {bucket!r} does not exist; create it or "
-                              "choose another --output-prefix")
+    missing = None if output.exists else storage.missing_root(job.output_prefix)
+    if missing:
+        raise ConfigError(f"output prefix {job.output_prefix}: {missing}")
     plan = Plan(job, base, sources, output)
     existing = [rel for rel in base.shards if rel in output.shards]
     if overwrite:

@@ -118,11 +118,5 @@ def stats_markdown(report: dict) -> str:
 
 
 def write_json(report: dict, path: str) -> None:
-    """Write the JSON report to a local path or an s3:// URI."""
-    text = json.dumps(report, indent=2, sort_keys=True) + "\n"
-    if storage.is_s3(path):
-        fs, key = storage.filesystem(path)
-        fs.pipe_file(key, text.encode())
-        return
-    with open(path, "w") as f:
-        f.write(text)
+    """Write the JSON report to a local path or a URI (s3://, or another backend that writes atomically)."""
+    storage.write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")

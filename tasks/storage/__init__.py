@@ -1,0 +1,239 @@
+"""All I/O goes through fsspec; this facade picks a storage backend from each URI and keeps the callers'
+functions: normalizing prefixes, listing with identities, footers, reading for pyarrow, atomic writes.
+
+Backends (`tasks.storage.backend.Backend`): `s3` (s3fs, size+ETag identities, PUT or multipart upload with
+abort), `local` (memory-mapped reads, temp file + rename, size+mtime_ns), `memory` (fsspec's in-process
+store, atomic by construction) and, for inputs only, any other installed fsspec protocol (size plus whatever
+checksum or time its listing gives). Outputs go only to backends that write atomically (`check_writable`).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cache
+from urllib.parse import urlparse
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.storage import generic
+from tasks.storage.backend import TEMP_MARK, Backend, entry_identity
+from tasks.storage.local import LocalBackend, local_identity
+from tasks.storage.s3 import MULTIPART_THRESHOLD, PART_SIZE, S3Backend, s3_identity
+from tasks.storage.s3 import _s3 as _s3  # tests and benchmarks clear its cache to switch endpoints
+
+__all__ = ["MULTIPART_THRESHOLD", "PART_SIZE", "TEMP_MARK", "Backend", "Listing", "backend", "check_relpath",
+           "check_writable", "dictionary_columns", "entry_identity", "file_identity", "file_size", "filesystem",
+           "inside", "is_s3", "join", "list_prefix", "local_identity", "missing_root", "normalize_prefix",
+           "open_parquet", "pending_uploads", "read_footer", "s3_identity", "sweep_stale", "worker_env_names",
+           "write_atomic", "write_text"]
+
+ACCEPTED = "s3://bucket/path/, file:///abs/path/, or a local path"
+WRITABLE = "s3://, local paths (file://) and memory://"
+LOCAL, S3 = LocalBackend(), S3Backend()
+# Protocols with a backend of their own, resolved without importing their implementation (s3fs stays lazy).
+BUILTIN = {"s3": S3, "s3a": S3, "file": LOCAL, "local": LOCAL}
+
+
+def accepted() -> str:
+    """Every accepted prefix form, in one line (imports fsspec's implementations: for error messages)."""
+    others = ", ".join(f"{p}://" for p in generic.input_protocols())
+    return f"{ACCEPTED}, memory://path/" + (f", or for inputs only {others}" if others else "")
+
+
+def normalize_prefix(uri: str) -> str:
+    """A canonical prefix ending in '/': `s3://bucket/path/`, an absolute local path, or `protocol://path/`
+    for another fsspec protocol. ValueError (one line) for an empty prefix or an unsupported scheme."""
+    uri = uri.strip()
+    if not uri:
+        raise ValueError(f"empty prefix; expected {ACCEPTED}")
+    parsed = urlparse(uri)
+    if parsed.scheme in ("s3", "s3a"):
+        if not parsed.netloc:
+            raise ValueError(f"{uri!r} has no bucket; expected {ACCEPTED}")
+        path = parsed.path.strip("/")
+        return f"s3://{parsed.netloc}/{path}/" if path else f"s3://{parsed.netloc}/"
+    if parsed.scheme in ("file", "local"):
+        return LOCAL.normalize(parsed.path)
+    if not parsed.scheme or len(parsed.scheme) == 1:  # a relative path, or a Windows drive letter
+        return LOCAL.normalize(uri)
+    try:
+        return generic.normalize(uri, parsed.scheme)
+    except ValueError as exc:
+        raise ValueError(f"unsupported URI scheme {parsed.scheme!r} in {uri!r}: {exc}; expected {accepted()}") \
+            from None
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def backend(uri: str) -> Backend:
+    """The backend of a normalized URI (a prefix, or prefix + relpath)."""
+    scheme, sep, _ = uri.partition("://")
+    return _backend(scheme) if sep else LOCAL
+
+
+@cache
+def _backend(scheme: str) -> Backend:
+    return BUILTIN.get(scheme) or generic.backend_for(scheme)
+
+
+def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """(filesystem, path inside it) for a normalized URI or prefix + relpath."""
+    return backend(uri).filesystem(uri)
+
+
+def check_writable(prefix: str) -> str:
+    """`prefix` itself when outputs can go there; ValueError (one line) when its backend cannot write
+    atomically. Callers turn it into a ConfigError, like normalize_prefix's."""
+    why = backend(prefix).refusal()
+    if why:
+        raise ValueError(f"{prefix!r}: {why}, so outputs cannot go there; writable: {WRITABLE}")
+    return prefix
+
+
+def missing_root(prefix: str) -> str | None:
+    """Why nothing can be written under an output prefix that does not exist yet (S3: a missing bucket)."""
+    return backend(prefix).missing_root(prefix)
+
+
+def worker_env_names() -> tuple[str, ...]:
+    """Non-secret environment variables remote workers need to reach storage like the driver (the S3
+    endpoint and region, retry and upload tuning). Never credentials: each node uses its own chain."""
+    return tuple(dict.fromkeys(name for b in (S3, LOCAL) for name in b.env_names))
+
+
+def check_relpath(relpath: str) -> str:
+    """`relpath` itself if it stays inside any prefix it is appended to; ValueError otherwise."""
+    parts = relpath.split("/")
+    if not relpath or "\0" in relpath or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"unsafe shard path {relpath!r}: absolute, or with empty, '.' or '..' segments "
+                         "(it could escape its prefix); rename the object")
+    return relpath
+
+
+def join(prefix: str, relpath: str) -> str:
+    """prefix + relpath, refusing relpaths that could escape the prefix."""
+    return prefix + check_relpath(relpath)
+
+
+def inside(a: str, b: str) -> bool:
+    """True when normalized prefix `a` equals or lies inside normalized prefix `b`."""
+    return a.startswith(b)
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One recursive listing of a prefix: parquet shards by relpath (with sizes and identities), and the rest.
+
+    A `*.parquet` object of 0 bytes is a shard (reading it fails, so it is never dropped unnoticed).
+    `ids` holds each shard's identity (see `file_identity`), taken from the listing itself at no extra cost."""
+
+    prefix: str
+    shards: dict[str, int]
+    others: tuple[str, ...]
+    exists: bool = True
+    ids: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def empty_shards(self) -> list[str]:
+        return [rel for rel, size in self.shards.items() if size == 0]
+
+
+def list_prefix(prefix: str) -> Listing:
+    """One paginated recursive listing; `*.parquet` objects are shards, the rest are counted."""
+    found = backend(prefix).listing(prefix)
+    if found is None:
+        return Listing(prefix, {}, (), exists=False)
+    shards, ids, others = {}, {}, []
+    for rel, size, ident in sorted(found):
+        if rel.endswith(".parquet"):
+            shards[rel], ids[rel] = size, ident
+        else:
+            others.append(rel)
+    return Listing(prefix, shards, tuple(others), exists=True, ids=ids)
+
+
+def file_identity(uri: str, opened=None) -> str:
+    """Identity of an object being read (the same string its listing entry gives). On S3 an open s3fs file
+    already holds its HEAD reply (no extra request); locally one stat(). Taken before the data is read, so a
+    concurrent rewrite makes the recorded identity older than the content, never newer: the next run then
+    sees the output as stale, the safe side."""
+    return backend(uri).identity(uri, opened)
+
+
+def file_size(uri: str, opened) -> int:
+    """Size of an object opened with open_parquet, without another request."""
+    return backend(uri).size(uri, opened)
+
+
+def read_footer(uri: str, size: int | None = None) -> pq.FileMetaData:
+    """The parquet footer; with the object's size known (from a listing), no HEAD request on S3."""
+    with open_parquet(uri, size) as f:
+        return pq.ParquetFile(f).metadata
+
+
+def open_parquet(uri: str, size: int | None = None):
+    """A context-managed file for pyarrow to read from: memory-mapped locally; on S3 without fsspec's
+    readahead cache, since pyarrow already asks for exactly the byte ranges (footer, column chunks) it needs.
+    `size` (from a listing) spares the HEAD request s3fs would otherwise make."""
+    return backend(uri).open_parquet(uri, size)
+
+
+def dictionary_columns(schema: pa.Schema, plain: Iterable[str]) -> list[str]:
+    """Leaf columns worth dictionary encoding: not the unique key columns, not floating-point scores.
+    Both are high-cardinality, where a dictionary costs CPU and bytes for nothing."""
+    plain = set(plain)
+    out: list[str] = []
+
+    def walk(field: pa.Field, prefix: str) -> None:
+        name = prefix + field.name
+        if pa.types.is_struct(field.type):
+            for i in range(field.type.num_fields):
+                walk(field.type.field(i), name + ".")
+        elif name not in plain and not pa.types.is_floating(field.type):
+            out.append(name)
+
+    for top in schema:
+        walk(top, "")
+    return out
+
+
+def write_atomic(table: pa.Table, uri: str, row_group_size: int | None = None, plain: Iterable[str] = ()) -> int:
+    """Write `table` as zstd parquet so that readers only ever see the complete file; returns bytes.
+    `plain` names columns (such as unique keys) to keep out of dictionary encoding. ValueError on a backend
+    that cannot write atomically."""
+    store = backend(uri)
+    store.check_write_path(uri)
+    # An empty input shard reports row groups of 0 rows; pyarrow refuses row_group_size=0.
+    options = dict(compression="zstd", row_group_size=row_group_size or None,
+                   use_dictionary=dictionary_columns(table.schema, plain))
+    return store.write_parquet(table, uri, options)
+
+
+def write_text(uri: str, text: str) -> None:
+    """Write a small text file (a report) in one piece: a local path as given (relative allowed), an s3://
+    object with one PUT, or an object on another backend that writes atomically."""
+    scheme, sep, _ = uri.partition("://")
+    if not sep or scheme in ("file", "local"):
+        with open(urlparse(uri).path if sep else uri, "w") as f:
+            f.write(text)
+    elif is_s3(uri):
+        fs, key = filesystem(uri)
+        fs.pipe_file(key, text.encode())
+    else:
+        backend(uri).put(uri, text.encode())  # refused (ValueError) where writes are not atomic
+
+
+def pending_uploads(prefix: str) -> list[tuple[str, str, str]]:
+    """(key, upload id, initiated ISO time) of every unfinished multipart upload under an s3:// prefix."""
+    return backend(prefix).pending_uploads(prefix)
+
+
+def sweep_stale(prefix: str, older_than_seconds: float = 6 * 3600) -> int:
+    """Remove leftovers of killed writers under an output prefix: local temp files whose writer process (on
+    this host) is gone or that are older than the threshold, and S3 multipart uploads older than the threshold
+    (younger ones may belong to a run still in progress). Never touches *.parquet. Returns a count."""
+    return backend(prefix).sweep_stale(prefix, older_than_seconds)

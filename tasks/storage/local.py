@@ -1,0 +1,131 @@
+"""Local files: absolute paths, memory-mapped reads, temp file + fsync + rename for atomic writes.
+
+Identity is size + st_mtime_ns. Temp files are named TEMP_MARK + host + pid + random, never *.parquet, so
+`sweep_stale` can tell a dead writer's leftovers from a live one's.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import socket
+import time
+import uuid
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.storage.backend import TEMP_MARK, Backend
+
+
+def local_identity(st: os.stat_result) -> str:
+    """Identity of a local file: size plus st_mtime_ns (nanoseconds; an in-place rewrite changes it)."""
+    return f"size={st.st_size};mtime_ns={st.st_mtime_ns}"
+
+
+def walk(root: str):
+    """(relpath, stat) of every file under a local folder. os.scandir's entries carry the stat that fsspec's
+    listing makes anyway (one per file); fsspec keeps only a float mtime, so the walk is done here to keep
+    st_mtime_ns without a second stat per file."""
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        with os.scandir(root + rel_dir) as entries:
+            for entry in entries:
+                rel = rel_dir + entry.name
+                if entry.is_dir():
+                    stack.append(rel + "/")
+                else:
+                    yield rel, entry.stat()
+
+
+def writer_dead(temp_name: str) -> bool:
+    """True when the temp file names a writer process on this host that no longer runs."""
+    parts = temp_name[len(TEMP_MARK):].rsplit("-", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class LocalBackend(Backend):
+    """Local disk (and anything mounted there). URIs are absolute paths."""
+
+    name = "local"
+    atomic_writes = True
+
+    @staticmethod
+    def normalize(path: str) -> str:
+        return os.path.abspath(os.path.expanduser(path)).rstrip("/") + "/"
+
+    def filesystem(self, uri: str):
+        return fsspec.filesystem("file"), uri
+
+    def listing(self, prefix: str):
+        if not os.path.isdir(prefix):
+            return None
+        return [(rel, st.st_size, local_identity(st)) for rel, st in walk(prefix)]
+
+    def identity(self, uri: str, opened=None) -> str:
+        return local_identity(os.stat(uri))
+
+    def size(self, uri: str, opened) -> int:
+        return os.path.getsize(uri)
+
+    def open_parquet(self, uri: str, size: int | None = None):
+        return pa.memory_map(uri, "r")
+
+    def check_write_path(self, uri: str) -> None:
+        super().check_write_path(uri)
+        if posixpath.normpath(uri) != uri:
+            raise ValueError(f"refusing to write {uri!r}: the path has '.'/'..' segments and could land outside "
+                             "the output prefix")
+
+    def write_parquet(self, table: pa.Table, uri: str, options: dict) -> int:
+        """pyarrow writes straight into the temp file (no in-memory copy), which is fsynced and renamed."""
+        return self._replace(uri, lambda temp: pq.write_table(table, temp, **options))
+
+    def put(self, uri: str, data: bytes) -> None:
+        def write(temp: str) -> None:
+            with open(temp, "wb") as f:
+                f.write(data)
+
+        self._replace(uri, write)
+
+    @staticmethod
+    def _replace(path: str, write) -> int:
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        # host and pid in the name, so sweep_stale can tell a dead writer's leftovers from a live one's
+        temp = os.path.join(directory, f"{TEMP_MARK}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
+        try:
+            write(temp)
+            with open(temp, "rb+") as f:
+                os.fsync(f.fileno())
+            size = os.path.getsize(temp)
+            os.replace(temp, path)
+        except BaseException:
+            if os.path.exists(temp):
+                os.unlink(temp)
+            raise
+        return size
+
+    def sweep_stale(self, prefix: str, older_than_seconds: float) -> int:
+        """Remove temp files whose writer process (on this host) is gone or that are older than the threshold."""
+        removed, cutoff = 0, time.time() - older_than_seconds
+        for folder, _, files in os.walk(prefix):
+            for name in files:
+                path = os.path.join(folder, name)
+                if name.startswith(TEMP_MARK) and not name.endswith(".parquet"):
+                    try:
+                        if writer_dead(name) or os.stat(path).st_mtime < cutoff:
+                            os.unlink(path)
+                            removed += 1
+                    except FileNotFoundError:
+                        pass
+        return removed

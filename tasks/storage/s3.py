@@ -1,0 +1,160 @@
+"""S3 and S3-compatible stores through s3fs (imported on first use).
+
+Settings come from the standard AWS environment (AWS_ENDPOINT_URL, AWS_PROFILE, AWS_REGION, the credentials
+chain, AWS_MAX_ATTEMPTS / AWS_RETRY_MODE for botocore's retries with backoff). A shard is one PUT, or a
+multipart upload that is completed only when every part is in and aborted on any failure, so a failed write
+leaves no partial object and no orphaned upload. Identity is size + ETag, from the listing or the HEAD reply
+an open s3fs file already holds.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import datetime
+from functools import cache
+
+from tasks.storage.backend import Backend
+
+# Payloads of at least MULTIPART_THRESHOLD bytes go up in parts of PART_SIZE (S3's minimum part is 5 MiB).
+MULTIPART_THRESHOLD = int(os.environ.get("SIDECAR_OPS_MULTIPART_THRESHOLD") or 64 * 2**20)
+PART_SIZE = int(os.environ.get("SIDECAR_OPS_PART_SIZE") or 32 * 2**20)
+ABORT_ATTEMPTS = 5
+DEFAULT_MAX_ATTEMPTS = 8      # botocore attempts per request (AWS_MAX_ATTEMPTS overrides)
+DEFAULT_RETRY_MODE = "adaptive"  # exponential backoff with jitter + client-side rate limiting on throttles
+CONNECT_TIMEOUT, READ_TIMEOUT = 10, 120  # seconds, per attempt
+
+log = logging.getLogger(__name__)
+
+
+@cache
+def _s3():
+    """The process's s3fs filesystem (tests clear the cache to point it at another endpoint)."""
+    import s3fs
+
+    # Listing cache off: resume decisions must see the bucket as it is now. botocore retries throttling
+    # (503 SlowDown), 5xx and connection errors with backoff; s3fs adds a few retries of its own on top.
+    attempts = int(os.environ.get("AWS_MAX_ATTEMPTS") or DEFAULT_MAX_ATTEMPTS)
+    mode = os.environ.get("AWS_RETRY_MODE") or DEFAULT_RETRY_MODE
+    # A bounded connect timeout: an unreachable endpoint fails (after the retries) instead of hanging.
+    return s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True,
+                             config_kwargs={"retries": {"max_attempts": attempts, "mode": mode},
+                                            "connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT})
+
+
+def s3_identity(info: dict) -> str:
+    """Identity of an S3 object from a listing entry or a HEAD reply: size plus ETag."""
+    etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
+    return f"size={int(info.get('size', 0))};etag={etag}"
+
+
+class S3Backend(Backend):
+    """s3://bucket/key URIs (s3a:// is normalized to s3://)."""
+
+    name = "s3"
+    atomic_writes = True
+    env_names = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_MAX_ATTEMPTS",
+                 "AWS_RETRY_MODE", "SIDECAR_OPS_MULTIPART_THRESHOLD", "SIDECAR_OPS_PART_SIZE")
+
+    def filesystem(self, uri: str):
+        return _s3(), uri[len("s3://"):]
+
+    def listing(self, prefix: str):
+        fs, root = self.filesystem(prefix)
+        try:
+            entries = fs.find(root, detail=True)
+        except FileNotFoundError:
+            return None
+        return [(path[len(root):], int(info.get("size", 0)), s3_identity(info))
+                for path, info in entries.items() if info.get("type") != "directory"]
+
+    def identity(self, uri: str, opened=None) -> str:
+        """An open s3fs file already holds its HEAD reply (no extra request); otherwise one HEAD. A file
+        opened with a listed size holds no ETag (see open_parquet), so it costs the HEAD after all."""
+        fs, path = self.filesystem(uri)
+        details = opened.details if opened is not None else None
+        if not details or not (details.get("ETag") or details.get("etag")):
+            details = fs.info(path)
+        return s3_identity(details)
+
+    def size(self, uri: str, opened) -> int:
+        return int(opened.size)
+
+    def open_parquet(self, uri: str, size: int | None = None):
+        """Without fsspec's readahead cache: pyarrow already asks for exactly the byte ranges it needs."""
+        fs, path = self.filesystem(uri)
+        f = fs.open(path, "rb", cache_type="none", size=size)
+        if size is not None:  # s3fs's range reads ask for `details` (a HEAD) unless they are already known
+            f._details = {"name": path, "size": size, "type": "file"}
+        return f
+
+    def put(self, uri: str, data: bytes) -> None:
+        """One PUT, or a multipart upload completed only at the end and aborted on any failure."""
+        fs, path = self.filesystem(uri)
+        bucket, key = path.split("/", 1)
+        if len(data) < MULTIPART_THRESHOLD:
+            fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data)
+            return
+        upload = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
+        try:
+            parts = []
+            for number, start in enumerate(range(0, len(data), PART_SIZE), 1):
+                out = fs.call_s3("upload_part", Bucket=bucket, Key=key, UploadId=upload, PartNumber=number,
+                                 Body=data[start:start + PART_SIZE])
+                parts.append({"PartNumber": number, "ETag": out["ETag"]})
+            fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload,
+                       MultipartUpload={"Parts": parts})
+        except BaseException:
+            abort_upload(fs, bucket, key, upload)
+            raise
+
+    def pending_uploads(self, prefix: str) -> list[tuple[str, str, str]]:
+        fs, root = self.filesystem(prefix)
+        bucket, _, key_prefix = root.partition("/")
+        out, marker = [], {}
+        while True:
+            page = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key_prefix, **marker)
+            out += [(u["Key"], u["UploadId"], str(u.get("Initiated", ""))) for u in page.get("Uploads", [])]
+            if not page.get("IsTruncated"):
+                return out
+            marker = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+
+    def sweep_stale(self, prefix: str, older_than_seconds: float) -> int:
+        """Abort multipart uploads older than the threshold (younger ones may belong to a run in progress)."""
+        fs, root = self.filesystem(prefix)
+        bucket = root.partition("/")[0]
+        removed, cutoff = 0, time.time() - older_than_seconds
+        for key, upload, initiated in self.pending_uploads(prefix):
+            try:
+                started = datetime.fromisoformat(initiated).timestamp()
+            except ValueError:
+                continue
+            if started < cutoff:
+                abort_upload(fs, bucket, key, upload)
+                removed += 1
+        return removed
+
+    def missing_root(self, prefix: str) -> str | None:
+        bucket = prefix[len("s3://"):].split("/", 1)[0]
+        fs, _ = self.filesystem(prefix)
+        try:
+            if fs.exists(f"{bucket}/"):
+                return None
+        except OSError:
+            return None  # cannot tell; let the listing's own answer stand
+        return f"bucket {bucket!r} does not exist; create it or choose another --output-prefix"
+
+
+def abort_upload(fs, bucket: str, key: str, upload: str) -> None:
+    """Abort with its own retries; an upload already completed or aborted is fine."""
+    for attempt in range(ABORT_ATTEMPTS):
+        try:
+            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload)
+            return
+        except FileNotFoundError:  # NoSuchUpload: completed (the reply was lost) or aborted already
+            return
+        except Exception as exc:
+            if attempt == ABORT_ATTEMPTS - 1:
+                log.warning("could not abort multipart upload %s of s3://%s/%s: %s", upload, bucket, key, exc)
+                return
+            time.sleep(min(0.2 * 2**attempt, 5.0))
