@@ -7,8 +7,8 @@ docs/verify-report.schema.json lists the names from here (tasks/verify/schema_do
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 STAGES = {"listing": "listings (every shard), after the footers were read",
           "footer": "footers of every present shard",
@@ -67,7 +67,7 @@ class CheckDef:
         return "{index}" in self.name
 
     def pattern(self) -> str:
-        return "^" + re.escape(self.name).replace(r"\{index\}", "[0-9]+") + "$"
+        return "^" + re.escape(self.name).replace(r"\{index\}", "[0-9]+").replace("\\ ", " ") + "$"
 
 
 REGISTRY: list[CheckDef] = []

@@ -5,10 +5,10 @@ data check on a `ShardValues` and folds score statistics. Data problems become f
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
