@@ -9,7 +9,7 @@ import pytest
 
 from tasks.config import check_output_prefix, load_dataset, load_pipeline
 from tasks.errors import ConfigError
-from tasks.ops import Input
+from tasks.ops import OPERATIONS, Input
 from tasks.storage import normalize_prefix
 
 REPO = Path(__file__).resolve().parents[1]
@@ -197,7 +197,7 @@ BAD_PIPELINES = [
                                                    "fill_missing, prefer_sidecar, error)"),
     (("mode: prefer_sidecar", "required: maybe"), 6, "operations[0].required: must be true or false"),
     (("type: merge_from_sidecar", "type: merge_from_sidecars"), 3,
-     "operations[0].type: unknown operation type 'merge_from_sidecars' (known: merge_from_sidecar)"),
+     f"operations[0].type: unknown operation type 'merge_from_sidecars' (known: {', '.join(sorted(OPERATIONS))})"),
     (("    source_prefix: s3://bucket/dqm/\n", ""), 3, "operations[0].source_prefix: missing required field"),
     (("mode: prefer_sidecar", "target_key_column: s3_image_path"), 6,
      "operations[0].target_key_column: set together with source_key_column"),
