@@ -4,8 +4,9 @@ Every operation implements tasks.ops.base.Operation; callers use only that proto
 To add one, write a module next to merge_from_sidecar.py and register it below.
 """
 from tasks.ops.base import ABSENT, NO_INPUT, Findings, Input, Operation
+from tasks.ops.drop_columns import DropColumns
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
 
-OPERATIONS: dict[str, type[Operation]] = {cls.type: cls for cls in (MergeFromSidecar,)}
+OPERATIONS: dict[str, type[Operation]] = {cls.type: cls for cls in (MergeFromSidecar, DropColumns)}
 
-__all__ = ["ABSENT", "NO_INPUT", "OPERATIONS", "Findings", "Input", "MergeFromSidecar", "Operation"]
+__all__ = ["ABSENT", "NO_INPUT", "OPERATIONS", "DropColumns", "Findings", "Input", "MergeFromSidecar", "Operation"]
