@@ -77,10 +77,6 @@ class Operation(ABC):
         """Whether this operation may add or replace `column` (so a skipped step explains its absence)."""
         return False
 
-    def removes(self) -> tuple[str, ...]:
-        """Columns this operation takes out of the table."""
-        return ()
-
     # ---------------------------------------------------------------- the step
     @abstractmethod
     def plan(self, schema: pa.Schema, dataset, relpath: str) -> tuple[pa.Schema, dict]:

@@ -45,8 +45,9 @@ class DropColumns(Operation):
         problems = []
         for i, op in enumerate(operations):
             for key in sorted(op.key_columns(dataset) & set(self.columns)):
-                problems.append(("columns", f"{key!r} is the key column of operations[{i}] ({op.describe()}): "
-                                            "rows are aligned by it, so it cannot be dropped"))
+                message = (f"{key!r} is the key column of operations[{i}] ({op.describe()}): rows are aligned "
+                           "by it, so it cannot be dropped")
+                problems.append(("columns", message))
         return problems
 
     def to_dict(self) -> dict:
@@ -54,9 +55,6 @@ class DropColumns(Operation):
 
     def describe(self) -> str:
         return f"{self.type} {', '.join(self.columns)}"
-
-    def removes(self) -> tuple[str, ...]:
-        return self.columns
 
     def _absent(self, names: list[str]) -> None:
         if absent := [c for c in self.columns if c not in names]:
