@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from tasks import storage
 from tasks.verify.registry import definition
 
 SHOW_FAILURES = 10
@@ -118,8 +119,6 @@ def stats_markdown(report: dict) -> str:
 
 def write_json(report: dict, path: str) -> None:
     """Write the JSON report to a local path or an s3:// URI."""
-    from tasks import storage
-
     text = json.dumps(report, indent=2, sort_keys=True) + "\n"
     if storage.is_s3(path):
         fs, key = storage.filesystem(path)
