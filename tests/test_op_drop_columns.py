@@ -189,9 +189,9 @@ def test_verify_without_provenance_derives_the_drop(tmp_path):
     assert BASE not in found and KEYS not in found and MERGED not in found, found
 
 
-# ---------------------------------------------------------------- the flow (sidecar-ops run), resume
+# ---------------------------------------------------------------- the flow (sidecar-ops run), resume, verify CLI
 
-def test_flow_merges_and_resumes(tmp_path, root, cli, prefect_api):
+def test_flow_merges_resumes_and_verifies(tmp_path, root, cli, prefect_api):
     setup = build(tmp_path, root, shards=SHARDS, ops=chain)
     try:
         code, out, err = cli("run", setup.pipeline, "--output-prefix", setup.output)
@@ -201,5 +201,11 @@ def test_flow_merges_and_resumes(tmp_path, root, cli, prefect_api):
         code, out, err = cli("run", setup.pipeline, "--output-prefix", setup.output)
         assert code == 0, out + err
         assert re.search(rf"shards: {SHARDS} total, 0 merged, {SHARDS} skipped", out), out
+        code, out, err = cli("verify", setup.pipeline, "--output-prefix", setup.output, "--json", tmp_path / "r.json")
+        assert code == 0 and "verify: PASS (all 11 checks)" in out, out + err
+        schema = json.loads((REPO / "docs" / "verify-report.schema.json").read_text())
+        report = json.loads((tmp_path / "r.json").read_text())
+        jsonschema.validate(report, schema, cls=jsonschema.Draft202012Validator)
+        assert "operations[1] siblings" not in [c["name"] for c in report["checks"]]
     finally:
         release_console_handlers()
