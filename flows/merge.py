@@ -125,10 +125,14 @@ def log_plan(logger, plan, summary: Summary) -> None:
                 summary.skipped, len(plan.todo), summary.stale, len(plan.job.pipeline.operations),
                 plan.job.output_prefix)
     for index, op in enumerate(plan.job.pipeline.operations):
+        source = plan.input(index)
+        if source is None:
+            logger.info("operations[%d] %s: reads no sibling shards", index, op.describe())
+            continue
         missing = plan.missing_siblings(index)
         logger.info("operations[%d] %s: %d sibling shards found, %d missing%s", index, op.describe(),
                     len(plan.base.shards) - len(missing), len(missing),
-                    " (skipped there: required: false)" if missing and not op.required else "")
+                    " (skipped there: required: false)" if missing and not source.required else "")
     for what, outputs in (("made from other inputs", plan.stale), ("not trusted", plan.broken)):
         for relpath, why in outputs[:PLAN_LINES]:
             logger.info("shard %s: existing output %s (%s); recomputing", relpath, what, why)

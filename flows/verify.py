@@ -1,7 +1,7 @@
 """The verify flow: cheap checks on every shard, deep checks on sampled shards as Prefect tasks, two artifacts.
 
 Run it with `sidecar-ops verify PIPELINE.yaml --output-prefix URI ...` or `python flows/verify.py PIPELINE.yaml
---output-prefix URI ...`. The checks themselves are plain pyarrow in tasks/verify.py; this module only runs
+--output-prefix URI ...`. The checks themselves are plain pyarrow in tasks/verify/; this module only runs
 them (thread pool, or Ray with --use-ray), publishes the artifacts and prints the report.
 """
 from __future__ import annotations

@@ -54,7 +54,9 @@ class Pipeline:
     def prefixes(self) -> list[tuple[str, str]]:
         """(what, prefix) for every read-only input."""
         out = [("main_prefix", self.dataset.main_prefix)]
-        out += [(f"operations[{i}].source_prefix", op.source_prefix) for i, op in enumerate(self.operations)]
+        for i, op in enumerate(self.operations):
+            if source := op.input(self.dataset):
+                out.append((f"operations[{i}].{source.field}", source.prefix))
         return out
 
 
@@ -140,7 +142,7 @@ def load_pipeline(path: str | Path, datasets_dir: str | None = None) -> Pipeline
     ops_raw = top.get("operations", list)
     if not ops_raw:
         raise top.fail("operations", "needs at least one operation")
-    operations = []
+    operations, op_fields = [], []
     for i, item in enumerate(ops_raw):
         op = Fields(shown, item, f"operations[{i}]", ops_raw.item_lines.get(i, top.line))
         kind = op.name("type", what="operation type")
@@ -148,6 +150,10 @@ def load_pipeline(path: str | Path, datasets_dir: str | None = None) -> Pipeline
             raise op.fail("type", f"unknown operation type {kind!r} (known: {', '.join(sorted(OPERATIONS))})")
         operations.append(OPERATIONS[kind].from_yaml(op, dataset, prefix_field))
         op.done()
+        op_fields.append(op)
+    for op, fields in zip(operations, op_fields):
+        for key, message in op.conflicts(dataset, tuple(operations)):
+            raise fields.fail(key, message)
     top.done()
     return Pipeline(path=shown, dataset=dataset, operations=tuple(operations))
 

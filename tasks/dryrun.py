@@ -32,18 +32,19 @@ def dry_run(pipeline: Pipeline, output_prefix: str, samples: int = 20, overwrite
     if empty := plan.base.empty_shards:
         problems.append(f"{len(empty)} base shard(s) are empty (0 bytes), a run fails them: {_some(empty)}")
     for i, op in enumerate(pipeline.operations):
-        missing, extra = plan.missing_siblings(i), plan.extra_siblings(i)
-        say(f"operations[{i}]: {op.describe()} mode={op.mode} columns={list(op.columns or ['(all)'])}")
-        say(f"    siblings: {len(plan.sources[i].shards)} found, {len(missing)} missing, {len(extra)} extra "
-            "(extra ones are ignored)")
-        for col in [c for c in (op.columns or ()) if c in (ds.key_column, ds.image_column)]:
-            say(f"operations[{i}]: {col} is the dataset's " + (
-                "key column: kept from main, never taken from the sidecar" if col == ds.key_column else
-                "image column: never taken from the sidecar (and dropped: a sidecar carries no image bytes)"))
+        summary, notes = op.dry_run_lines(ds)
+        say(f"operations[{i}]: {summary}")
+        source = op.input(ds)
+        missing = plan.missing_siblings(i)
+        if source:
+            say(f"    siblings: {len(plan.siblings(i).shards)} found, {len(missing)} missing, "
+                f"{len(plan.extra_siblings(i))} extra (extra ones are ignored)")
+        for note in notes:
+            say(f"operations[{i}]: {note}")
         if missing:
             line = f"operations[{i}] ({op.describe()}): {len(missing)} sibling shard(s) missing: {_some(missing)}"
-            (problems.append(line) if op.required else say(f"    skipped where missing (required: false): "
-                                                          f"{_some(missing)}"))
+            (problems.append(line) if source.required else say(f"    skipped where missing (required: false): "
+                                                              f"{_some(missing)}"))
     problems += plan.unmatched_optional()
     say(f"outputs complete:       {len(plan.complete)}")
     if plan.stale:

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from tasks import storage
 from tasks.config import Pipeline
 from tasks.errors import ShardError
-from tasks.ops.merge_from_sidecar import unreadable_parquet
+from tasks.parquet_errors import unreadable_parquet
 
 PROVENANCE_KEY = b"sidecar_ops"
 # Bump whenever the kernel's output for the same inputs and pipeline would change (column order, types, encoding
@@ -49,9 +49,9 @@ class Job:
 
     @property
     def key_columns(self) -> set[str]:
-        """The dataset key and every operation's target key: unique per row."""
+        """The dataset key and every operation's key columns: unique per row."""
         ds = self.pipeline.dataset
-        return {ds.key_column, *(op.keys(ds)[0] for op in self.pipeline.operations)}
+        return {ds.key_column}.union(*(op.key_columns(ds) for op in self.pipeline.operations))
 
     def base_uri(self, relpath: str) -> str:
         return storage.join(self.pipeline.dataset.main_prefix, relpath)

@@ -19,7 +19,7 @@ import pyarrow as pa
 from tasks import storage
 from tasks.errors import ConfigError, ShardError
 from tasks.merge import Job, check_extensions, read_provenance, shard_inputs, shard_key
-from tasks.ops.merge_from_sidecar import ABSENT
+from tasks.ops import ABSENT, NO_INPUT, Input
 
 FOOTER_THREADS = 32
 
@@ -28,7 +28,7 @@ FOOTER_THREADS = 32
 class Plan:
     job: Job
     base: storage.Listing
-    sources: list[storage.Listing]
+    sources: dict[str, storage.Listing]  # one listing per input prefix, however many operations read it
     output: storage.Listing
     complete: list[str] = field(default_factory=list)
     todo: list[str] = field(default_factory=list)
@@ -40,28 +40,49 @@ class Plan:
     def shards(self) -> list[str]:
         return list(self.base.shards)
 
+    def input(self, index: int) -> Input | None:
+        return self.job.pipeline.operations[index].input(self.job.pipeline.dataset)
+
+    def siblings(self, index: int) -> storage.Listing | None:
+        """The listing of operations[index]'s input, None when it reads no sibling."""
+        source = self.input(index)
+        return self.sources[source.prefix] if source else None
+
+    def has_sibling(self, index: int, relpath: str) -> bool:
+        listing = self.siblings(index)
+        return listing is not None and relpath in listing.shards
+
     def missing_siblings(self, index: int) -> list[str]:
-        have = self.sources[index].shards
-        return [rel for rel in self.base.shards if rel not in have]
+        listing = self.siblings(index)
+        if listing is None:
+            return []
+        return [rel for rel in self.base.shards if rel not in listing.shards]
+
+    def extra_siblings(self, index: int) -> list[str]:
+        listing = self.siblings(index)
+        return [rel for rel in listing.shards if rel not in self.base.shards] if listing else []
 
     def inputs(self, relpath: str) -> dict:
         """The identities of relpath's inputs as listed now (an absent sibling is 'absent')."""
         return shard_inputs(self.base.ids.get(relpath, ""),
-                            [src.ids.get(relpath, ABSENT) for src in self.sources])
+                            [self._identity(i, relpath) for i in range(len(self.job.pipeline.operations))])
+
+    def _identity(self, index: int, relpath: str) -> str:
+        listing = self.siblings(index)
+        return NO_INPUT if listing is None else listing.ids.get(relpath, ABSENT)
 
     def unmatched_optional(self) -> list[str]:
-        """One line per `required: false` operation that has a sibling for none of the base shards."""
+        """One line per operation with an optional input that has a sibling for none of the base shards."""
         lines = []
         for i, op in enumerate(self.job.pipeline.operations):
-            if not op.required and not any(rel in self.sources[i].shards for rel in self.base.shards):
-                state = "does not exist" if not self.sources[i].exists else "holds none of their relative paths"
-                lines.append(f"operations[{i}] ({op.describe()}) has required: false, but its source_prefix "
-                             f"{op.source_prefix} {state}: it would be skipped for all {len(self.base.shards)} "
-                             "base shards; check source_prefix for a typo, or remove the operation")
+            source, listing = self.input(i), self.siblings(i)
+            if source is None or source.required or any(rel in listing.shards for rel in self.base.shards):
+                continue
+            state = "does not exist" if not listing.exists else "holds none of their relative paths"
+            lines.append(f"operations[{i}] ({op.describe()}) has required: false, but its {source.field} "
+                         f"{source.prefix} {state}: it would be skipped for all {len(self.base.shards)} "
+                         f"base shards; check {source.field} for a typo, or remove the operation")
         return lines
-
-    def extra_siblings(self, index: int) -> list[str]:
-        return [rel for rel in self.sources[index].shards if rel not in self.base.shards]
 
     @property
     def output_strays(self) -> list[str]:
@@ -131,6 +152,16 @@ def output_status(job: Job, relpath: str, inputs: dict, size: int | None = None)
     return judge_output(job, relpath, out, inputs)
 
 
+def list_inputs(pipeline) -> dict[str, storage.Listing]:
+    """One listing per distinct input prefix, named after the first operation that reads it."""
+    sources: dict[str, storage.Listing] = {}
+    for i, op in enumerate(pipeline.operations):
+        source = op.input(pipeline.dataset)
+        if source and source.prefix not in sources:
+            sources[source.prefix] = _list(source.prefix, f"operations[{i}].{source.field}")
+    return sources
+
+
 def make_plan(job: Job, overwrite: bool = False) -> Plan:
     """List base, sources and output once each; classify existing outputs; refuse stale ones."""
     pipeline = job.pipeline
@@ -145,8 +176,7 @@ def make_plan(job: Job, overwrite: bool = False) -> Plan:
         raise ConfigError(f"main_prefix {pipeline.dataset.main_prefix} holds {len(unsafe)} object key(s) that are not "
                           f"plain relative paths (an empty, '.' or '..' segment), e.g. {unsafe[0]!r}; outputs keep "
                           "the base's relative paths, so rename or remove these objects")
-    sources = [_list(op.source_prefix, f"operations[{i}].source_prefix")
-               for i, op in enumerate(pipeline.operations)]
+    sources = list_inputs(pipeline)
     output = _list(job.output_prefix, "output prefix")
     missing = None if output.exists else storage.missing_root(job.output_prefix)
     if missing:
@@ -207,9 +237,10 @@ def inspect_schemas(plan: Plan, n: int) -> tuple[pa.Schema | None, list[str]]:
             current = current.remove(current.get_field_index(dataset.image_column))
         skipped = False
         for i, op in enumerate(job.pipeline.operations):
-            if rel not in plan.sources[i].shards:
-                skipped = skipped or not op.required
-                if op.required:
+            source = plan.input(i)
+            if source and not plan.has_sibling(i, rel):
+                skipped = skipped or not source.required
+                if source.required:
                     problems.append(f"shard {rel}: operations[{i}] ({op.describe()}): sibling shard missing")
                 continue
             try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from tasks import storage
+from tasks.verify.registry import definition
 
 SHOW_FAILURES = 10
 BAR = 20
@@ -22,9 +23,8 @@ def _num(value, digits: int = 4) -> str:
 
 
 def _scope(check: dict) -> str:
-    unit = "objects" if check["name"] == "stray objects" else "shards"
-    if check["stage"] == "data":
-        unit = "sampled"
+    known = definition(check["name"])
+    unit = known.unit if known else "sampled" if check["stage"] == "data" else "shards"
     return f"{check['checked']:,} {unit}"
 
 

@@ -26,6 +26,7 @@ from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.merge import Job, merge_shard, read_provenance
+from tasks.ops import OPERATIONS
 
 REL = relpaths(1)[0]
 ROWS = 20
@@ -314,7 +315,8 @@ CASES = [
     # --- configuration
     Case("unknown-operation-type",
          lambda c: c.reconfigure(ops=lambda p: [{**dqm_op(p), "type": "merge_from_sidecar_v2"}]), 2,
-         r"operations\[0\]\.type: unknown operation type 'merge_from_sidecar_v2' \(known: merge_from_sidecar\)"),
+         r"operations\[0\]\.type: unknown operation type 'merge_from_sidecar_v2' \(known: "
+         + re.escape(", ".join(sorted(OPERATIONS))) + r"\)"),
     Case("unknown-dataset", lambda c: c.pipeline.write_text(c.pipeline.read_text().replace(
         "dataset: core_test", "dataset: no_such_dataset")), 2,
          r"pipelines/merge\.yaml:1: dataset: unknown dataset 'no_such_dataset': no file .*datasets/no_such_dataset"),

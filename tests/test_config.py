@@ -9,6 +9,7 @@ import pytest
 
 from tasks.config import check_output_prefix, load_dataset, load_pipeline
 from tasks.errors import ConfigError
+from tasks.ops import OPERATIONS, Input
 from tasks.storage import normalize_prefix
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,8 +128,9 @@ def test_guide_pipeline_text_loads_with_completed_dataset(here):
             mode: prefer_sidecar
         """))
     dqm, aes = pipe.operations
-    assert dqm.keys(pipe.dataset) == ("image_key", "image_key")
-    assert aes.keys(pipe.dataset) == ("s3_image_path", "s3_image_path")
+    assert dqm.input(pipe.dataset) == Input("s3://b/example_sidecar_dqm_key_score_v1/", "image_key", "image_key")
+    assert aes.input(pipe.dataset) == Input("s3://b/example_sidecar_ernie_image_aes_v1/", "s3_image_path",
+                                            "s3_image_path")
     assert dqm.required is True and dqm.mode == "prefer_sidecar"
 
 
@@ -141,8 +143,7 @@ def test_defaults(here):
         """)
     op = pipe.operations[0]
     assert op.columns is None and op.mode == "fill_missing" and op.required is True
-    assert op.keys(pipe.dataset) == ("image_key", "image_key")
-    assert op.source_prefix == "s3://bucket/dqm/"
+    assert op.input(pipe.dataset) == Input("s3://bucket/dqm/", "image_key", "image_key", required=True)
 
 
 # ----------------------------------------------------------------- the guide's broken entry
@@ -196,7 +197,7 @@ BAD_PIPELINES = [
                                                    "fill_missing, prefer_sidecar, error)"),
     (("mode: prefer_sidecar", "required: maybe"), 6, "operations[0].required: must be true or false"),
     (("type: merge_from_sidecar", "type: merge_from_sidecars"), 3,
-     "operations[0].type: unknown operation type 'merge_from_sidecars' (known: merge_from_sidecar)"),
+     f"operations[0].type: unknown operation type 'merge_from_sidecars' (known: {', '.join(sorted(OPERATIONS))})"),
     (("    source_prefix: s3://bucket/dqm/\n", ""), 3, "operations[0].source_prefix: missing required field"),
     (("mode: prefer_sidecar", "target_key_column: s3_image_path"), 6,
      "operations[0].target_key_column: set together with source_key_column"),

@@ -8,14 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks import storage
 from tasks.errors import ShardError
+from tasks.ops.alignment import check_aligned
+from tasks.ops.base import ABSENT, SKIPPED, Findings, Input, Operation
+from tasks.parquet_errors import unreadable_parquet
 
 MODES = ("fill_missing", "prefer_sidecar", "error")
-ABSENT = "absent"  # the input identity recorded for an optional operation whose sibling does not exist
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class ColumnPlan:
 
 
 @dataclass(frozen=True)
-class MergeFromSidecar:
+class MergeFromSidecar(Operation):
     type = "merge_from_sidecar"
 
     source_prefix: str
@@ -75,15 +76,17 @@ class MergeFromSidecar:
     def describe(self) -> str:
         return f"{self.type} from {self.source_prefix}"
 
-    def inputs(self) -> list[str]:
-        return [self.source_prefix]
+    def input(self, dataset) -> Input:
+        return Input(self.source_prefix, self.target_key_column or dataset.key_column,
+                     self.source_key_column or dataset.key_column, self.required)
 
-    def keys(self, dataset) -> tuple[str, str]:
-        return (self.target_key_column or dataset.key_column, self.source_key_column or dataset.key_column)
+    def supplies(self, column: str) -> bool:
+        return self.columns is None or column in self.columns
 
     def column_plan(self, current: pa.Schema, source: pa.Schema, dataset) -> ColumnPlan:
         """Decide what to copy from footers alone; raises ShardError for what cannot work."""
-        target_key, source_key = self.keys(dataset)
+        keys = self.input(dataset)
+        target_key, source_key = keys.target_key, keys.source_key
         if target_key not in current.names:
             raise ShardError(
                 f"key column {target_key!r} is not in the table being merged (it has: {', '.join(current.names)}); "
@@ -130,11 +133,11 @@ class MergeFromSidecar:
                 identity = storage.file_identity(uri, f)
                 pf = pq.ParquetFile(f)
                 cols = self.column_plan(table.schema, pf.schema_arrow, dataset)
-                target_key, source_key = self.keys(dataset)
-                source = pf.read(columns=cols.read_columns(source_key), use_threads=True)
+                keys = self.input(dataset)
+                source = pf.read(columns=cols.read_columns(keys.source_key), use_threads=True)
         except FileNotFoundError:
             if not self.required:
-                return table, {**self.to_dict(), "status": "skipped_missing_sibling", "input": ABSENT}
+                return table, {**self.to_dict(), "status": SKIPPED, "input": ABSENT}
             raise ShardError(f"sibling shard missing: {uri}; inspect the score sidecar (shard paths must match the "
                              "base), or set `required: false` to skip shards it does not cover") from None
         except (OSError, pa.ArrowException) as exc:
@@ -142,12 +145,41 @@ class MergeFromSidecar:
                 raise
             raise ShardError(f"source shard {uri} is not a readable parquet file ({exc}); "
                              "inspect the score sidecar") from None
-        check_aligned(table, target_key, source, source_key)
+        check_aligned(table, keys.target_key, source, keys.source_key)
         for col in cols.replace:
             table = table.set_column(table.schema.get_field_index(col), source.schema.field(col), source[col])
         for col in cols.append:
             table = table.append_column(source.schema.field(col), source[col])
         return table, {**self._record("merged", cols), "input": identity}
+
+    def dry_run_lines(self, dataset) -> tuple[str, list[str]]:
+        notes = [f"{col} is the dataset's " + (
+            "key column: kept from main, never taken from the sidecar" if col == dataset.key_column else
+            "image column: never taken from the sidecar (and dropped: a sidecar carries no image bytes)")
+            for col in (self.columns or ()) if col in (dataset.key_column, dataset.image_column)]
+        return f"{self.describe()} mode={self.mode} columns={list(self.columns or ['(all)'])}", notes
+
+    def compare_values(self, shard, index: int, record) -> Findings:
+        """The output's key equals the sibling's, and every column this step supplied equals the sibling's."""
+        found = Findings()
+        keys = self.input(shard.dataset)
+        cols = shard.columns_from(index)
+        try:
+            source = shard.read(keys.uri(shard.relpath), list(dict.fromkeys([keys.source_key, *cols])))
+        except Exception as exc:
+            found.columns.append(f"operations[{index}]: source shard unreadable: {shard.one_line(exc)}")
+            return found
+        out = shard.out
+        if keys.target_key not in out.column_names:
+            found.keys.append(f"operations[{index}]: key column {keys.target_key!r} missing from the output")
+        elif line := shard.compare(keys.target_key, out[keys.target_key], source[keys.source_key], cast=True):
+            found.keys.append(f"operations[{index}] {keys.target_key} vs source {keys.source_key}: {line}")
+        for name in cols:
+            if name not in out.column_names:
+                found.columns.append(f"operations[{index}]: column {name!r} missing from the output")
+            elif line := shard.compare(name, out[name], source[name]):
+                found.columns.append(f"operations[{index}]: {line}")
+        return found
 
     def _record(self, status: str, cols: ColumnPlan) -> dict:
         return {**self.to_dict(), "status": status, "appended": list(cols.append), "replaced": list(cols.replace),
@@ -160,80 +192,3 @@ def _apply_schema(current: pa.Schema, source: pa.Schema, cols: ColumnPlan) -> pa
     for col in cols.append:
         current = current.append(source.field(col))
     return current
-
-
-def unreadable_parquet(exc: BaseException) -> bool:
-    """pyarrow could not parse the bytes (corrupt, truncated, not parquet), as opposed to an I/O failure.
-
-    pyarrow reports parse failures as ArrowException or as a bare OSError without errno; storage errors
-    arrive as OSError subclasses (FileNotFoundError, PermissionError, ConnectionError...) or carry an errno."""
-    if isinstance(exc, pa.ArrowException):
-        return True
-    return type(exc) is OSError and exc.errno is None
-
-
-def _family(t: pa.DataType) -> str | None:
-    """Key types that compare without converting values: one family each; None for any other type."""
-    if pa.types.is_dictionary(t):
-        return _family(t.value_type)
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return "string"
-    if (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
-            or pa.types.is_fixed_size_binary(t)):
-        return "binary"
-    if pa.types.is_integer(t):
-        return "integer"
-    return None
-
-
-INT64_MAX = 2**63 - 1
-
-
-def _widen(keys: pa.ChunkedArray, family: str, unsigned: bool) -> pa.ChunkedArray:
-    """The same values in the family's widest type: a lossless re-encoding, never a parse or format.
-    A mixed-sign integer pair compares as int64; uint64 values beyond int64 become nulls (a mismatch)."""
-    if pa.types.is_dictionary(keys.type):
-        keys = keys.cast(keys.type.value_type)
-    if family == "string":
-        return keys.cast(pa.large_string())
-    if family == "binary":
-        return keys.cast(pa.large_binary())
-    if unsigned:
-        return keys.cast(pa.uint64())
-    if keys.type == pa.uint64():
-        big = pc.greater(keys, pa.scalar(INT64_MAX, pa.uint64()))
-        if pc.any(big).as_py():
-            keys = pc.if_else(big, pa.scalar(None, pa.uint64()), keys)
-    return keys.cast(pa.int64())
-
-
-def comparable(left: pa.ChunkedArray, right: pa.ChunkedArray, target_key: str,
-               source_key: str) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
-    """Both key columns in one type, or a ShardError when their types belong to different families."""
-    if left.type == right.type:
-        return left, right
-    family = _family(left.type)
-    if family is None or family != _family(right.type):
-        raise ShardError(f"key types differ: {target_key} is {left.type}, source {source_key} is {right.type}; "
-                         "keys align only within one family (string, binary or integer types), never by "
-                         "converting values; rewrite one sidecar's key column with the other's type")
-    value = lambda t: t.value_type if pa.types.is_dictionary(t) else t  # noqa: E731
-    unsigned = family == "integer" and all(pa.types.is_unsigned_integer(value(t)) for t in (left.type, right.type))
-    return _widen(left, family, unsigned), _widen(right, family, unsigned)
-
-
-def check_aligned(table: pa.Table, target_key: str, source: pa.Table, source_key: str) -> None:
-    """Row counts equal and keys equal element by element; raises ShardError naming the first bad row."""
-    if table.num_rows != source.num_rows:
-        raise ShardError(f"row count mismatch: table has {table.num_rows} rows, source shard has "
-                         f"{source.num_rows}")
-    left, right = comparable(table[target_key], source[source_key], target_key, source_key)
-    if left.null_count == 0 and right.null_count == 0 and left.equals(right):
-        return  # the common case, ~40x cheaper than the element-wise compare below (no nulls: equals == aligned)
-    bad = pc.invert(pc.fill_null(pc.equal(left, right), False))
-    count = pc.sum(bad).as_py() or 0
-    if count:
-        row = pc.index(bad, True).as_py()
-        raise ShardError(f"key mismatch in {count} of {table.num_rows} rows; first at row {row}: "
-                         f"{target_key}={table[target_key][row].as_py()!r} vs source "
-                         f"{source_key}={source[source_key][row].as_py()!r}")

@@ -1,0 +1,86 @@
+"""drop_columns: take named columns out of the table at this point of the chain.
+
+Reads no sibling. Key columns (the dataset's and every operation's) and declared schema_extensions columns
+cannot be dropped: the config refuses them. A column not in the table when the step runs is a ShardError.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from tasks.errors import ShardError
+from tasks.ops.base import NO_INPUT, Findings, Operation
+
+
+@dataclass(frozen=True)
+class DropColumns(Operation):
+    type = "drop_columns"
+
+    columns: tuple[str, ...]
+
+    @classmethod
+    def from_yaml(cls, fields, dataset, prefix_field) -> DropColumns:
+        columns = fields.get("columns", list)
+        if not columns:
+            raise fields.fail("columns", "must list at least one column to drop")
+        for i, col in enumerate(columns):
+            if not isinstance(col, str) or not col.strip():
+                raise fields.fail("columns", f"columns[{i}] must be a non-empty column name")
+        if len(set(columns)) != len(columns):
+            raise fields.fail("columns", "lists a column twice")
+        declared = {e.name for e in dataset.schema_extensions}
+        for col in columns:
+            if col == dataset.key_column:
+                raise fields.fail("columns", f"{col!r} is the dataset's key_column: every output keeps it")
+            if col == dataset.image_column:
+                raise fields.fail("columns", f"{col!r} is the dataset's image_column: it is never in the output "
+                                             "(a sidecar carries no image bytes), there is nothing to drop")
+            if col in declared:
+                raise fields.fail("columns", f"{col!r} is declared in the dataset's schema_extensions: remove it "
+                                             "there to drop it from the output")
+        return cls(tuple(columns))
+
+    def conflicts(self, dataset, operations) -> list[tuple[str, str]]:
+        problems = []
+        for i, op in enumerate(operations):
+            for key in sorted(op.key_columns(dataset) & set(self.columns)):
+                message = (f"{key!r} is the key column of operations[{i}] ({op.describe()}): rows are aligned "
+                           "by it, so it cannot be dropped")
+                problems.append(("columns", message))
+        return problems
+
+    def to_dict(self) -> dict:
+        return {"type": self.type, "columns": list(self.columns)}
+
+    def describe(self) -> str:
+        return f"{self.type} {', '.join(self.columns)}"
+
+    def _absent(self, names: list[str]) -> None:
+        if absent := [c for c in self.columns if c not in names]:
+            raise ShardError(f"column(s) {', '.join(absent)} to drop not in the table at this step (it has: "
+                             f"{', '.join(names)}); check `columns` against the base and earlier operations")
+
+    def plan(self, schema: pa.Schema, dataset, relpath: str) -> tuple[pa.Schema, dict]:
+        self._absent(schema.names)
+        for col in self.columns:
+            schema = schema.remove(schema.get_field_index(col))
+        return schema, self._record("planned")
+
+    def apply(self, table: pa.Table, dataset, relpath: str) -> tuple[pa.Table, dict]:
+        self._absent(table.column_names)
+        return table.drop_columns(list(self.columns)), self._record("dropped")
+
+    def _record(self, status: str) -> dict:
+        return {**self.to_dict(), "status": status, "input": NO_INPUT, "removed": list(self.columns)}
+
+    def dry_run_lines(self, dataset) -> tuple[str, list[str]]:
+        return f"{self.describe()} (reads no sibling)", []
+
+    def compare_values(self, shard, index: int, record) -> Findings:
+        """A dropped column is not in the output, unless a later operation supplied it again."""
+        found = Findings()
+        for col in self.columns:
+            if col in shard.out.column_names and col not in shard.origin:
+                found.columns.append(f"operations[{index}]: dropped column {col!r} is still in the output")
+        return found

@@ -1,0 +1,30 @@
+"""`sidecar-ops verify`: prove an all-in-one sidecar is complete, aligned and sane. Pure pyarrow.
+
+Cheap checks cover every shard from one listing per prefix plus the base and output footers.
+Deep checks re-read N sampled shards (seeded) from base, output and every source, value for value.
+Score statistics cover the sampled shards, or every output shard with `all_shards`.
+
+  registry.py  the check registry (report order, units, the JSON schema's names)
+  checks.py    the registered checks
+  footers.py   footer facts of every shard; values.py  data checks of one shard (check_shard)
+  compare.py   value-for-value comparison;    driver.py  verify() itself
+"""
+from tasks.verify.checks import (
+                                 BASE,
+                                 KEYS,
+                                 MERGED,
+                                 PROVENANCE,
+                                 ROWS,
+                                 SCHEMA,
+                                 SHARD_SET,
+                                 STRAYS,
+                                 siblings_check,
+)
+from tasks.verify.compare import compare
+from tasks.verify.driver import Report, choose_sample, verify
+from tasks.verify.registry import REGISTRY, Check, Failure
+from tasks.verify.values import Runner, ShardResult, ShardTask, check_locally, check_shard
+
+__all__ = ["BASE", "KEYS", "MERGED", "PROVENANCE", "REGISTRY", "ROWS", "SCHEMA", "SHARD_SET", "STRAYS", "Check",
+           "Failure", "Report", "Runner", "ShardResult", "ShardTask", "check_locally", "check_shard",
+           "choose_sample", "compare", "siblings_check", "verify"]

@@ -1,0 +1,146 @@
+"""The registered verify checks, in report order. Each names what it proves; tasks/verify/registry.py says how
+the driver runs each stage. Operations add value checks through Operation.compare_values (key and merged columns)
+and per-operation checks through Operation.verify_checks."""
+from __future__ import annotations
+
+from tasks import storage
+from tasks.ops.base import FAILED, SIBLINGS, SKIPPED
+from tasks.verify.footers import expected_layout
+from tasks.verify.registry import register
+
+SHARD_SET, STRAYS, SIBLINGS_OF = "output shard set", "stray objects", "operations[{index}] siblings"
+ROWS, SCHEMA, PROVENANCE = "row counts", "schema", "provenance"
+BASE, KEYS, MERGED = "base columns", "key columns", "merged columns"  # BASE also takes unreadable data
+
+
+def siblings_check(index: int) -> str:
+    return SIBLINGS_OF.format(index=index)
+
+
+# ---------------------------------------------------------------- listings
+@register(SHARD_SET, "listing", "shards", "every base shard has an output shard, and the output no others")
+def shard_set(ctx, check) -> None:
+    base, output = ctx.plan.base.shards, ctx.plan.output.shards
+    check.checked = len(base)
+    for rel in base:
+        if rel not in output:
+            check.fail(rel, "output shard missing")
+    for rel in output:
+        if rel not in base:
+            check.fail(rel, "output shard not in the base (extra)")
+    check.note = f"{len(ctx.present)} of {len(base)} present"
+
+
+@register(STRAYS, "listing", "objects", "the output prefix holds nothing but non-empty *.parquet shards")
+def strays(ctx, check) -> None:
+    others = ctx.plan.output.others
+    check.checked = len(ctx.plan.output.shards) + len(others)
+    for obj in others:
+        what = "temporary file of an interrupted write" if storage.TEMP_MARK in obj else "not a non-empty *.parquet"
+        check.fail(obj, what)
+    check.note = f"{len(others)} stray of {check.checked} objects"
+
+
+@register(SIBLINGS_OF, "listing", "shards", "operation i's sibling exists for every base shard (unless optional), "
+          "and each output merged exactly the siblings that exist now", key=SIBLINGS)
+def siblings(ctx, check, index: int) -> None:
+    plan, source = ctx.plan, ctx.plan.input(index)
+    base, missing = plan.base.shards, plan.missing_siblings(index)
+    check.checked = len(base)
+    if source.required:
+        for rel in missing:
+            check.fail(rel, f"sibling shard missing: {source.uri(rel)}")
+    check.note = (f"{len(missing)} missing, skipped (required: false)" if missing and not source.required
+                  else f"{len(base) - len(missing)} of {len(base)} present")
+    for rel in ctx.present:
+        records = ctx.facts[rel].records
+        if records is None:
+            continue
+        have = plan.has_sibling(index, rel)
+        if records[index].status == SKIPPED and have:
+            check.fail(rel, "sibling exists now but the output skipped it; delete the output shard and rerun to "
+                            "merge it")
+        elif records[index].applied and not have:
+            check.fail(rel, "sibling merged into the output has since vanished")
+
+
+# ---------------------------------------------------------------- footers
+@register(ROWS, "footer", "shards", "both footers are readable and the output has the base's row count",
+          note=lambda ctx: f"{sum(f.out_rows or 0 for f in ctx.facts.values()):,} rows")
+def row_counts(job, footers) -> list[str]:
+    if footers.out_rows != footers.base_rows:
+        return [f"output has {footers.out_rows} rows, base has {footers.base_rows}"]
+    return []
+
+
+@register(SCHEMA, "footer", "shards", "base columns first, in order and unchanged (minus removed ones), then the "
+          "columns operations added, then declared extensions conform to their types")
+def schema(job, footers) -> list[str]:
+    base, out, records = footers.base, footers.out, footers.records
+    problems = []
+    replaced = {c for r in records or () if r.applied for c in r.replaced}
+    kept, added = expected_layout(base.names, records)
+    if out.names[:len(kept)] != kept:
+        problems.append(f"base columns not first and in order: output starts {out.names[:len(kept)]}, "
+                        f"base has {kept}")
+    else:
+        for name in kept:
+            if name not in replaced and not out.field(name).type.equals(base.field(name).type):
+                problems.append(f"base column {name!r} is {out.field(name).type}, base has {base.field(name).type}")
+    if records is not None and out.names[len(kept):] != added:
+        problems.append(f"columns after the base ones are {out.names[len(kept):]}, provenance says {added}")
+    skipped = [op for op, r in zip(job.pipeline.operations, records or ()) if not r.applied]
+    for ext in job.pipeline.dataset.schema_extensions:
+        if ext.name not in out.names:
+            if not any(op.supplies(ext.name) for op in skipped):
+                problems.append(f"declared extension column {ext.name!r} ({ext.type.name}) is missing")
+            continue
+        if problem := ext.type.problem(out.field(ext.name).type):
+            problems.append(f"column {ext.name!r}: {problem}")
+    return problems
+
+
+@register(PROVENANCE, "footer", "shards", "the output records this pipeline's fingerprint and one entry per "
+          "operation", note=lambda ctx: f"fingerprint {ctx.job.fingerprint}")
+def provenance(job, footers) -> list[str]:
+    prov = footers.provenance
+    if prov is None:
+        return ["no sidecar_ops provenance in the footer"]
+    if prov.get("fingerprint") != job.fingerprint:
+        return [f"stale: written by pipeline fingerprint {prov.get('fingerprint')}, this pipeline is "
+                f"{job.fingerprint}"]
+    if footers.records is None:
+        return ["provenance does not record one entry per operation"]
+    return []
+
+
+# ---------------------------------------------------------------- data (sampled shards)
+@register(BASE, "data", "sampled", "every base column kept from the base equals the base, value for value")
+def base_columns(shard) -> list[str]:
+    lines = []
+    for name, src in shard.origin.items():
+        if src is not None:
+            continue
+        if name not in shard.out.column_names:
+            lines.append(f"base column {name!r} missing from the output")
+        elif line := shard.compare(name, shard.out[name], shard.base[name]):
+            lines.append(line)
+    return lines
+
+
+@register(KEYS, "data", "sampled", "the dataset key equals the base's and each operation's key equals its sibling's")
+def key_columns(shard) -> list[str]:
+    lines, key, out = [], shard.dataset.key_column, shard.out
+    if key in out.column_names and (line := shard.compare(key, out[key], shard.base[key])):
+        lines.append(f"{line} (dataset key vs base)")
+    return lines + [line for found in shard.findings for line in found.keys]
+
+
+@register(MERGED, "data", "sampled", "every column an operation supplied equals its sibling's, value for value")
+def merged_columns(shard) -> list[str]:
+    lines = []
+    for i, (rec, found) in enumerate(zip(shard.records, shard.findings)):
+        if rec.status == FAILED:
+            lines.append(f"operations[{i}]: {rec.detail}")
+        lines += found.columns
+    return lines

@@ -1,0 +1,106 @@
+"""Footer facts of every present shard: both footers read once, the footer checks run on them, small facts kept.
+
+Also what verify knows of each operation's effect on a shard (`OpRecord`, from provenance) and the column layout
+that follows from replaying those records over the base schema.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from tasks import storage
+from tasks.merge import Job, read_provenance
+from tasks.ops.base import FAILED, SKIPPED
+from tasks.scorestats import StatSpec, footer_ranges
+from tasks.verify.compare import one_line
+from tasks.verify.registry import of_stage
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """What one operation did to a shard, as recorded in (or, lacking provenance, re-derived for) the output."""
+
+    status: str                 # merged | skipped_missing_sibling | ... | (derived only) failed
+    appended: tuple[str, ...] = ()
+    replaced: tuple[str, ...] = ()
+    detail: str = ""
+    removed: tuple[str, ...] = ()
+
+    @property
+    def applied(self) -> bool:
+        return self.status not in (SKIPPED, FAILED)
+
+    @classmethod
+    def from_dict(cls, record: dict) -> OpRecord:
+        return cls(str(record.get("status")), tuple(record.get("appended") or ()),
+                   tuple(record.get("replaced") or ()), removed=tuple(record.get("removed") or ()))
+
+
+def op_records(prov: dict | None, n_ops: int) -> tuple[OpRecord, ...] | None:
+    ops = (prov or {}).get("operations")
+    if not isinstance(ops, list) or len(ops) != n_ops:
+        return None
+    return tuple(OpRecord.from_dict(r) for r in ops)
+
+
+def expected_layout(base: list[str], records: tuple[OpRecord, ...] | None) -> tuple[list[str], list[str]]:
+    """(base columns still expected, in order; columns the operations added, in order), replaying records."""
+    kept, added = list(base), []
+    for rec in records or ():
+        if not rec.applied:
+            continue
+        for name in rec.removed:
+            for names in (kept, added):
+                if name in names:
+                    names.remove(name)
+        added += rec.appended
+    return kept, added
+
+
+@dataclass(frozen=True)
+class Footers:
+    """Both footers of one shard, as the footer checks see them (base schema without the image column)."""
+
+    relpath: str
+    base_rows: int
+    out_rows: int
+    base: pa.Schema
+    out: pa.Schema
+    provenance: dict | None
+    records: tuple[OpRecord, ...] | None
+
+
+@dataclass(frozen=True)
+class FooterFacts:
+    relpath: str
+    base_rows: int | None
+    out_rows: int | None
+    problems: tuple[tuple[str, str], ...]          # (check name, detail)
+    records: tuple[OpRecord, ...] | None
+    ranges: dict = field(default_factory=dict)     # 'col.field' -> (min, max) | None, scope shards only
+
+
+def read_footers(job: Job, relpath: str, specs: tuple[StatSpec, ...], want_ranges: bool,
+                 unreadable: str) -> FooterFacts:
+    """Read both footers and run every footer check; an unreadable footer is one problem of check `unreadable`."""
+    image = job.pipeline.dataset.image_column
+    try:
+        base_meta = storage.read_footer(job.base_uri(relpath))
+        base_schema = base_meta.schema.to_arrow_schema()
+        if image in base_schema.names:
+            base_schema = base_schema.remove(base_schema.get_field_index(image))
+    except Exception as exc:
+        return FooterFacts(relpath, None, None, ((unreadable, f"base footer unreadable: {one_line(exc)}"),), None)
+    try:
+        out_meta = storage.read_footer(job.output_uri(relpath))
+        out_schema = out_meta.schema.to_arrow_schema()
+    except Exception as exc:
+        return FooterFacts(relpath, base_meta.num_rows, None,
+                           ((unreadable, f"output footer unreadable: {one_line(exc)}"),), None)
+    prov = read_provenance(out_meta)
+    records = op_records(prov, len(job.pipeline.operations))
+    footers = Footers(relpath, base_meta.num_rows, out_meta.num_rows, base_schema, out_schema, prov, records)
+    problems = tuple((check.name, line) for check in of_stage("footer") for line in check.run(job, footers))
+    ranges = footer_ranges(out_meta, specs) if want_ranges else {}
+    return FooterFacts(relpath, base_meta.num_rows, out_meta.num_rows, problems, records, ranges)
