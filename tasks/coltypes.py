@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import pyarrow as pa
 import pyarrow.types as pat
-from pydantic import AfterValidator, Field, ValidationInfo, WithJsonSchema, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator
 
 from tasks.validation import Spec, validate
 from tasks.yamlsrc import load_yaml
@@ -77,6 +77,8 @@ FieldKind = Annotated[Any, *_one_of(FIELD_KINDS)]  # any value: a non-string one
 
 class TypeSpec(Spec):
     """A column type of your own, in the same terms as the built-in ones (tasks/schemas/*.yaml)."""
+
+    model_config = ConfigDict(title="Column type")
 
     kind: Kind = Field(description="What the column's values are: floating (float32 or float64), integer, string, "
                                    "boolean, binary, timestamp, list, struct, or any (not checked).")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from tasks import storage
 from tasks.coltypes import TypeSpec, builtin_types
@@ -22,6 +22,11 @@ def _builtin_type_examples(schema: dict) -> None:
     schema["examples"] = sorted(builtin_types())
 
 
+def _no_default(schema: dict) -> None:
+    """An optional string with no default value: the schema should not suggest `null`."""
+    schema.pop("default", None)
+
+
 ColumnName = Annotated[str, NonBlank, Name("column name")]
 Prefix = Annotated[str, NonBlank, Name(f"prefix ({PREFIX_FORMS})"), AfterValidator(storage.normalize_prefix)]
 TypeName = Annotated[str, NonBlank, Name("type name")]
@@ -29,6 +34,8 @@ TypeName = Annotated[str, NonBlank, Name("type name")]
 
 class ExtensionSpec(Spec):
     """One score column the merged output must carry, with the type its values must have."""
+
+    model_config = ConfigDict(title="Score column")
 
     name: ColumnName = Field(description="The column's name in the merged output, e.g. dqm_d1_v6_1.")
     type: TypeName = Field(
@@ -38,8 +45,9 @@ class ExtensionSpec(Spec):
 
 
 class DatasetSpec(Spec):
-    """A dataset YAML (datasets/NAME.yaml): the base sidecar, where the all-in-one output goes, and the score
-    columns it carries."""
+    """A dataset (datasets/NAME.yaml): the base sidecar, where the all-in-one output goes, its score columns."""
+
+    model_config = ConfigDict(title="sidecar-ops dataset YAML")
 
     name: Annotated[str, NonBlank, Name("dataset name")] = Field(
         description="The dataset's name; a pipeline's `dataset: NAME` finds this file as datasets/NAME.yaml.")
@@ -55,7 +63,7 @@ class DatasetSpec(Spec):
         description="The column every row is keyed by (usually image_key); each operation checks it equals the score "
                     "sidecar's key row by row, unless the operation names its own keys.")
     image_column: ColumnName = Field(
-        None, description="The image column of the base (usually image), if it has one: never taken from a score "
+        None, json_schema_extra=_no_default, description="The image column of the base (usually image), if it has one: never taken from a score "
                           "sidecar and dropped from the output (a sidecar carries no image bytes). Must differ from "
                           "key_column. Omit if there is none.")
     source_inference: dict[Any, Any] = Field(
@@ -80,8 +88,9 @@ class DatasetSpec(Spec):
 
 
 class PipelineSpec(Spec):
-    """A pipeline YAML (pipelines/NAME.yaml): a dataset and the operations applied to each of its shards, in
-    order."""
+    """A pipeline (pipelines/NAME.yaml): a dataset and the operations applied, in order, to each of its shards."""
+
+    model_config = ConfigDict(title="sidecar-ops pipeline YAML")
 
     dataset: Annotated[str, NonBlank, Name("dataset name or path")] = Field(
         description="The dataset: a name, looked up as datasets/NAME.yaml walking up from this file's folder "
