@@ -68,12 +68,12 @@ def validate(model: type[M], data: Any, source: str, path: str = "", parent_line
 def config_error(model: type[BaseModel], data: Any, source: str, error: dict, path: str = "",
                  parent_line: int = 1) -> ConfigError:
     loc = tuple(error["loc"])
-    info, owner = field_at(model, loc[:-2] if loc[-1:] == ("[key]",) else loc)
-    if loc[-1:] == ("[key]",):
-        loc, message = loc[:-2], _says(info, "dict_key") or "keys must be non-empty strings"
-    else:
-        message = phrase(error, info, owner)
-    return located(source, data, loc, message, path, parent_line)
+    if loc[-1:] == ("[key]",):  # a bad key of a mapping: pydantic's loc is (..., mapping, key, "[key]")
+        info, _ = field_at(model, loc[:-2])
+        return located(source, data, loc[:-2], _says(info, "dict_key") or "keys must be non-empty strings", path,
+                       parent_line)
+    info, owner = field_at(model, loc)
+    return located(source, data, loc, phrase(error, info, owner), path, parent_line)
 
 
 def located(source: str, data: Any, loc: tuple, message: str, path: str = "", parent_line: int = 1) -> ConfigError:
@@ -93,9 +93,9 @@ def located(source: str, data: Any, loc: tuple, message: str, path: str = "", pa
 def phrase(error: dict, info: FieldInfo | None, owner: type[BaseModel] | None) -> str:
     """Today's wording for one pydantic error on the field `info` of the model `owner`."""
     kind, value = error["type"], error["input"]
-    name = marker(info, Name)
-    if _says(info, kind):
-        return _says(info, kind)
+    name, own = marker(info, Name), _says(info, kind)
+    if own:
+        return own
     if kind == "missing":
         return "missing required field"
     if kind == "extra_forbidden" and owner is not None:

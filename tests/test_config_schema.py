@@ -200,6 +200,58 @@ def test_an_empty_optional_value_means_its_default_but_an_empty_name_is_an_error
         "datasets/ds.yaml:7: image_column: must be a non-empty column name")
 
 
+# Each entry of tasks.validation's translation from pydantic's error types to the loader's wording, verbatim.
+WORDING = [
+    (("browse: false", "browse: null"), None),
+    (("key_column: image_key", "key_column:"), "datasets/ds.yaml:6: key_column: must be a non-empty column name"),
+    (("schema_extensions:\n", "source_inference: true\nschema_extensions:\n"),
+     "datasets/ds.yaml:12: source_inference: must be a mapping, got a boolean"),
+    (("schema_extensions:\n", "source_inference: [a]\nschema_extensions:\n"),
+     "datasets/ds.yaml:12: source_inference: must be a mapping, got list"),
+    (("schema_types:\n", "schema_types:\n  5: {kind: integer}\n"),
+     "datasets/ds.yaml:8: schema_types: type names must be strings"),
+    (("    kind: struct\n", "    kind:\n"), "datasets/ds.yaml:10: schema_types.watermark_v1.kind: must not be empty"),
+    (("    kind: struct\n", "    kind: 3\n"),
+     "datasets/ds.yaml:10: schema_types.watermark_v1.kind: must be a string, got int"),
+    (("    kind: struct\n", "    kind: floating\n"),
+     "datasets/ds.yaml:11: schema_types.watermark_v1.fields: only a struct kind has fields"),
+    (("  - { name: watermark, type: watermark_v1 }", "  - watermark"),
+     "datasets/ds.yaml:14: schema_extensions[1]: must be a mapping"),
+    (("image_column: image", "image_column: image_key"), "datasets/ds.yaml:7: image_column: must differ from key_column"),
+    (("main_prefix: s3://bucket/base/", "main_prefix: gs://b/"), ("datasets/ds.yaml:4: main_prefix: unsupported URI "
+     "scheme 'gs' in 'gs://b/'; expected s3://bucket/path/, file:///abs/path/, or a local path")),
+    (("  - { name: watermark, type: watermark_v1 }", "  - { name: dqm_d1_v6_1, type: watermark_v2 }"),
+     ("datasets/ds.yaml:14: schema_extensions[1].type: unknown type 'watermark_v2' (known: dqm_score_v1, "
+     "ernie_image_aes_score_v1, filter_clarity_v1, filter_color_entropy_v1, filter_edge_density_v1, filter_luma_v1, "
+     "filter_saturation_v1, filter_texture_v1, watermark_v1; declare new ones under schema_types)")),
+    (("  - { name: watermark, type: watermark_v1 }", "  - { name: dqm_d1_v6_1, type: watermark_v1 }"),
+     ("datasets/ds.yaml:14: schema_extensions[1].name: column 'dqm_d1_v6_1' is declared twice (also "
+     "schema_extensions[0])")),
+]
+
+
+@pytest.mark.parametrize("edit,message", WORDING, ids=[str(m).split(": ", 1)[-1][:40] for _, m in WORDING])
+def test_loader_wording_of_each_error_type(here, edit, message):
+    (here / "datasets/ds.yaml").write_text(edited(DATASET, edit))
+    if message is None:
+        assert load_dataset("datasets/ds.yaml").browse is False
+    else:
+        assert loader_error(load_dataset, "datasets/ds.yaml") == message
+
+
+def test_top_level_not_a_mapping(here):
+    (here / "datasets/ds.yaml").write_text("# a list, not a dataset\n- name: ds\n")
+    assert loader_error(load_dataset, "datasets/ds.yaml") == "datasets/ds.yaml:2: (top level): must be a mapping"
+
+
+def test_pipeline_operations_empty_or_missing(here):
+    (here / "datasets/ds.yaml").write_text(DATASET)
+    (here / "pipelines/p.yaml").write_text(PIPELINE[:PIPELINE.index("operations:")] + "operations:\n")
+    assert loader_error(load_pipeline, "pipelines/p.yaml") == "pipelines/p.yaml:3: operations: must not be empty"
+    (here / "pipelines/p.yaml").write_text(PIPELINE[:PIPELINE.index("operations:")])
+    assert loader_error(load_pipeline, "pipelines/p.yaml") == "pipelines/p.yaml:2: operations: missing required field"
+
+
 # ----------------------------------------------------------------- operation schemas
 
 def test_fallback_schema_describes_every_field_from_yaml_reads():
