@@ -254,6 +254,13 @@ def test_pipeline_operations_empty_or_missing(here):
 
 # ----------------------------------------------------------------- operation schemas
 
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_every_operation_schema_names_its_type(name):
+    schema = schemagen.operation_schema(OPERATIONS[name])
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["properties"]["type"]["const"] == name and "type" in schema["required"]
+
+
 def test_fallback_schema_describes_every_field_from_yaml_reads():
     schema = merge_from_sidecar_schema()
     fields = {f.name for f in dataclasses.fields(MergeFromSidecar)}
@@ -278,7 +285,7 @@ def test_an_operation_class_with_json_schema_is_asked_for_it(monkeypatch):
         "oneOf": [{"$ref": "#/$defs/merge_from_sidecar"}, {"$ref": "#/$defs/stamp"}]}
     assert schema["$defs"]["stamp"]["properties"]["type"] == {"const": "stamp"}
     assert "$schema" not in schema["$defs"]["stamp"] and schema["$defs"]["Label"] == {"type": "string"}
-    assert schema["$defs"]["merge_from_sidecar"] == merge_from_sidecar_schema()
+    assert schema["$defs"]["merge_from_sidecar"] == schemagen.operation_schema(MergeFromSidecar)
     check = jsonschema.Draft202012Validator(schema)
     entry = {"dataset": "ds", "operations": [{"type": "stamp", "label": "x"}]}
     assert check.is_valid(entry) and not check.is_valid({**entry, "operations": [{"type": "stamp", "label": 1}]})
@@ -290,3 +297,10 @@ def test_an_operation_class_with_json_schema_is_asked_for_it(monkeypatch):
 def test_fingerprint_of_existing_pipelines_is_pinned(name, monkeypatch):
     monkeypatch.chdir("/")
     assert load_pipeline(REPO / "pipelines" / f"{name}.yaml").fingerprint == PINNED_FINGERPRINTS[name]
+
+
+def test_an_operation_class_with_no_schema_gets_a_permissive_one(monkeypatch):
+    monkeypatch.setitem(OPERATIONS, "bare", type("Bare", (), {"type": "bare"}))
+    check = jsonschema.Draft202012Validator(schemagen.pipeline_schema())
+    assert check.is_valid({"dataset": "ds", "operations": [{"type": "bare", "anything": 1}]})
+    assert not check.is_valid({"dataset": "ds", "operations": [{"type": "nope"}]})
