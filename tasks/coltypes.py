@@ -4,11 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Annotated, Any
 
 import pyarrow as pa
 import pyarrow.types as pat
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator
 
-from tasks.yamlsrc import ConfigError, Fields, load_yaml
+from tasks.validation import Spec, validate
+from tasks.yamlsrc import load_yaml
 
 SCHEMAS_DIR = Path(__file__).parent / "schemas"
 
@@ -56,23 +59,47 @@ class ColumnType:
         return {"kind": self.kind, "fields": dict(self.fields)}
 
 
+FIELD_KINDS = tuple(k for k in KINDS if k != "struct")
+
+
+def _one_of(kinds: tuple[str, ...]) -> tuple:
+    """Annotated metadata: the value must be one of `kinds` (an enum in the JSON Schema)."""
+    def check(kind: Any) -> str:
+        if not isinstance(kind, str) or kind not in kinds:
+            raise ValueError(f"unknown kind {kind!r} (known: {', '.join(kinds)})")
+        return kind
+    return AfterValidator(check), WithJsonSchema({"type": "string", "enum": list(kinds)})
+
+
+Kind = Annotated[str, *_one_of(tuple(KINDS))]
+FieldKind = Annotated[Any, *_one_of(FIELD_KINDS)]  # any value: a non-string one is an unknown kind too
+
+
+class TypeSpec(Spec):
+    """A column type of your own, in the same terms as the built-in ones (tasks/schemas/*.yaml)."""
+
+    model_config = ConfigDict(title="Column type")
+
+    kind: Kind = Field(description="What the column's values are: floating (float32 or float64), integer, string, "
+                                   "boolean, binary, timestamp, list, struct, or any (not checked).")
+    fields: dict[Any, FieldKind] = Field(
+        default_factory=dict,
+        description="Only for kind struct: fields the struct must have, each with its kind (any kind but struct), "
+                    "e.g. {score: floating, error: string}. Extra fields in the data are allowed.")
+
+    @field_validator("fields")
+    @classmethod
+    def _struct_only(cls, fields: dict, info: ValidationInfo) -> dict:
+        if fields and "kind" in info.data and info.data["kind"] != "struct":
+            raise ValueError("only a struct kind has fields")
+        return fields
+
+    def column_type(self, name: str) -> ColumnType:
+        return ColumnType(name, self.kind, {str(k): v for k, v in self.fields.items()})
+
+
 def parse_type(source: str, name: str, data, path: str, line: int) -> ColumnType:
-    spec = Fields(source, data, path, line)
-    kind = spec.get("kind", str)
-    if kind not in KINDS:
-        raise spec.fail("kind", f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
-    fields_spec = spec.get("fields", dict, required=False, default={})
-    if fields_spec and kind != "struct":
-        raise spec.fail("fields", "only a struct kind has fields")
-    fields = {}
-    for fname, fkind in fields_spec.items():
-        if fkind not in KINDS or fkind == "struct":
-            where = f"{source}:{fields_spec.item_lines.get(fname, spec.line)}"
-            raise ConfigError(f"{where}: {path}.fields.{fname}: unknown kind {fkind!r} "
-                              f"(known: {', '.join(k for k in KINDS if k != 'struct')})")
-        fields[str(fname)] = fkind
-    spec.done()
-    return ColumnType(name, kind, fields)
+    return validate(TypeSpec, data, source, path, line).column_type(name)
 
 
 @cache

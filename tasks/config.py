@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks import storage
-from tasks.coltypes import ColumnType, builtin_types, parse_type
+from tasks.coltypes import ColumnType, builtin_types
+from tasks.models import DatasetSpec, PipelineSpec
 from tasks.ops import OPERATIONS, Operation
+from tasks.validation import located, validate
 from tasks.yamlsrc import ConfigError, Fields, display_path, load_yaml
 
 
@@ -70,42 +72,23 @@ def prefix_field(fields: Fields, key: str) -> str:
 
 def load_dataset(path: str | Path) -> Dataset:
     shown = display_path(path)
-    top = Fields(shown, load_yaml(path))
-    name = top.name("name", what="dataset name")
-    browse = top.get("browse", bool, required=False, default=False)
-    main_prefix = prefix_field(top, "main_prefix")
-    sidecar_prefix = prefix_field(top, "sidecar_prefix")
-    key_column = top.name("key_column")
-    image_column = top.name("image_column", required=False)
-    source_inference = top.get("source_inference", dict, required=False, default={})
-    types = dict(builtin_types())
-    user_types = top.get("schema_types", dict, required=False, default={})
-    for tname, body in user_types.items():
-        tpath = f"schema_types.{tname}"
-        if not isinstance(tname, str) or not tname.strip():
-            raise ConfigError(f"{shown}:{top.line_of('schema_types')}: schema_types: type names must be strings")
-        types[tname] = parse_type(shown, tname, body, tpath, user_types.item_lines.get(tname, top.line))
-    exts_raw = top.get("schema_extensions", list, required=False, default=[])
+    raw = load_yaml(path)
+    spec = validate(DatasetSpec, raw, shown)
+    types = {**builtin_types(), **{name: t.column_type(name) for name, t in spec.schema_types.items()}}
     extensions, seen = [], {}
-    for i, item in enumerate(exts_raw):
-        ipath = f"schema_extensions[{i}]"
-        ext = Fields(shown, item, ipath, exts_raw.item_lines.get(i, top.line))
-        ename = ext.name("name")
-        tname = ext.name("type", what="type name")
-        ext.done()
-        if tname not in types:
-            raise ext.fail("type", f"unknown type {tname!r} (known: {', '.join(sorted(types))}; "
-                                   "declare new ones under schema_types)")
-        if ename in seen:
-            raise ext.fail("name", f"column {ename!r} is declared twice (also schema_extensions[{seen[ename]}])")
-        seen[ename] = i
-        extensions.append(Extension(ename, types[tname]))
-    top.done()
-    if image_column == key_column:
-        raise top.fail("image_column", "must differ from key_column")
-    return Dataset(name=name, path=shown, main_prefix=main_prefix, sidecar_prefix=sidecar_prefix,
-                   key_column=key_column, image_column=image_column, browse=browse,
-                   source_inference=dict(source_inference), schema_extensions=tuple(extensions))
+    for i, ext in enumerate(spec.schema_extensions):
+        if ext.type not in types:
+            raise located(shown, raw, ("schema_extensions", i, "type"),
+                          f"unknown type {ext.type!r} (known: {', '.join(sorted(types))}; "
+                          "declare new ones under schema_types)")
+        if ext.name in seen:
+            raise located(shown, raw, ("schema_extensions", i, "name"),
+                          f"column {ext.name!r} is declared twice (also schema_extensions[{seen[ext.name]}])")
+        seen[ext.name] = i
+        extensions.append(Extension(ext.name, types[ext.type]))
+    return Dataset(name=spec.name, path=shown, main_prefix=spec.main_prefix, sidecar_prefix=spec.sidecar_prefix,
+                   key_column=spec.key_column, image_column=spec.image_column, browse=spec.browse,
+                   source_inference=dict(spec.source_inference), schema_extensions=tuple(extensions))
 
 
 def resolve_dataset(ref: str, pipeline_path: Path, datasets_dir: str | None) -> Path:
@@ -132,16 +115,15 @@ def resolve_dataset(ref: str, pipeline_path: Path, datasets_dir: str | None) -> 
 def load_pipeline(path: str | Path, datasets_dir: str | None = None) -> Pipeline:
     path = Path(path)
     shown = display_path(path)
-    top = Fields(shown, load_yaml(path))
-    ref = top.name("dataset", what="dataset name or path")
+    raw = load_yaml(path)
+    spec = validate(PipelineSpec, raw, shown)
     try:
-        dataset_path = resolve_dataset(ref, path, datasets_dir)
+        dataset_path = resolve_dataset(spec.dataset, path, datasets_dir)
     except FileNotFoundError as exc:
-        raise top.fail("dataset", f"unknown dataset {ref!r}: no file {display_path(str(exc))}") from None
+        raise located(shown, raw, ("dataset",),
+                      f"unknown dataset {spec.dataset!r}: no file {display_path(str(exc))}") from None
     dataset = load_dataset(dataset_path)
-    ops_raw = top.get("operations", list)
-    if not ops_raw:
-        raise top.fail("operations", "needs at least one operation")
+    top, ops_raw = Fields(shown, raw), raw["operations"]
     operations, op_fields = [], []
     for i, item in enumerate(ops_raw):
         op = Fields(shown, item, f"operations[{i}]", ops_raw.item_lines.get(i, top.line))
@@ -154,7 +136,6 @@ def load_pipeline(path: str | Path, datasets_dir: str | None = None) -> Pipeline
     for op, fields in zip(operations, op_fields):
         for key, message in op.conflicts(dataset, tuple(operations)):
             raise fields.fail(key, message)
-    top.done()
     return Pipeline(path=shown, dataset=dataset, operations=tuple(operations))
 
 

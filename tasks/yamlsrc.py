@@ -107,7 +107,7 @@ class Fields:
         if kinds is not bool and isinstance(value, bool) and not (isinstance(kinds, tuple) and bool in kinds):
             raise self.fail(key, f"must be {_kind_name(kinds)}, got a boolean")
         if not isinstance(value, kinds):
-            raise self.fail(key, f"must be {_kind_name(kinds)}, got {_value_kind(value)}")
+            raise self.fail(key, f"must be {_kind_name(kinds)}, got {value_kind(value)}")
         return value
 
     def name(self, key: str, required: bool = True, what: str = "column name") -> str | None:
@@ -120,7 +120,7 @@ class Fields:
                        ConfigError(f"{self.where()}: {self.sub(key)}: missing required field"))
             return None
         if not isinstance(value, str):
-            raise self.fail(key, f"must be a non-empty {what}, got {_value_kind(value)}")
+            raise self.fail(key, f"must be a non-empty {what}, got {value_kind(value)}")
         return value
 
     def line_of(self, key: str) -> int:
@@ -134,7 +134,7 @@ class Fields:
                 raise self.fail(str(key), f"unknown field (allowed: {allowed})")
 
 
-def _value_kind(value) -> str:
+def value_kind(value) -> str:
     """The YAML-level kind of a loaded value (`list`, not our line-carrying `LList`)."""
     for kind, name in ((bool, "bool"), (dict, "mapping"), (list, "list"), (str, "str"), (int, "int"),
                        (float, "float")):

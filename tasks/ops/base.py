@@ -52,6 +52,13 @@ class Operation(ABC):
     def from_yaml(cls, fields, dataset, prefix_field) -> Operation:
         """Validate one YAML entry (a tasks.yamlsrc.Fields) and build the operation; errors via fields.fail."""
 
+    @classmethod
+    @abstractmethod
+    def json_schema(cls) -> dict:
+        """The JSON Schema (draft 2020-12) of one YAML entry, what `from_yaml` accepts: an object whose `type`
+        property is `{"const": cls.type}`, with a title and description per field (editors show them).
+        tasks/schemagen.py puts it into docs/schemas/pipeline.schema.json."""
+
     def conflicts(self, dataset, operations: tuple[Operation, ...]) -> list[tuple[str, str]]:
         """(field, message) for what this operation cannot do in this pipeline, seen whole; none by default."""
         return []

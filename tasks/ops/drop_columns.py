@@ -50,6 +50,26 @@ class DropColumns(Operation):
                 problems.append(("columns", message))
         return problems
 
+    @classmethod
+    def json_schema(cls) -> dict:
+        return {
+            "title": cls.type,
+            "description": "Take columns out of the table at this point of the chain (e.g. a score column that is "
+                           "not wanted in the all-in-one sidecar). Reads no sibling shard.",
+            "type": "object",
+            "properties": {
+                "type": {"const": cls.type, "title": "Type", "description": "The operation: drop_columns."},
+                "columns": {"type": "array", "items": {"type": "string", "pattern": r"\S"}, "minItems": 1,
+                            "uniqueItems": True, "title": "Columns",
+                            "description": "The columns to drop, each once. Never the dataset's key_column, an "
+                                           "operation's key column, the image_column or a column declared in "
+                                           "schema_extensions. A column not in the table at this step fails "
+                                           "the shard."},
+            },
+            "required": ["type", "columns"],
+            "additionalProperties": False,
+        }
+
     def to_dict(self) -> dict:
         return {"type": self.type, "columns": list(self.columns)}
 
