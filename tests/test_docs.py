@@ -13,9 +13,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = sorted({ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("deploy/**/*.md"),
                     *ROOT.glob("bench/*.md")})
-# Written on other branches of issue 12 and linked from the README ahead of them: a link to one of these is
-# accepted while the file is absent; once it exists it is checked like any other.
-PENDING = {"docs/architecture.md", "docs/operations.md"}
 
 FENCE = re.compile(r"^(```|~~~)")
 CODE_SPAN = re.compile(r"`[^`]*`")
@@ -81,7 +78,7 @@ def broken_links(document: Path, root: Path = ROOT, pending: set[str] = frozense
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_points_at_an_existing_file(document):
-    assert broken_links(document, pending=PENDING) == []
+    assert broken_links(document) == []
 
 
 def test_the_readme_and_the_docs_are_scanned():
