@@ -1,10 +1,12 @@
 """sidecar-ops benchmarks: generate data locally, run every workload, print medians and ratios.
 
-    python bench/run.py [--size smoke|small|full] [--only W1,W3]
+    python bench/run.py [--size smoke|small|full] [--only W1,W3] [--w6-counts 1000,10000]
 
 Data goes under bench/data/<size>/ (gitignored, reused when its parameters match); results go to
 bench/out/results.json. W0 fixed cost, W1 merge kernel vs floor and peers, W2 orchestration (thread
-runner vs Ray), W3 resume, W4 scale and memory, W5 S3 request counts. Ratios are against a floor
+runner vs Ray), W3 resume, W4 scale and memory, W5 S3 request counts, W6 scaling in shard count (chain,
+fused, fused on Ray vs plain Ray and a sequential floor; Prefect server CPU and database growth), W7 end to
+end, each contender a fresh process (sidecar-ops run vs a plain pyarrow script; one-shard fixed cost). Ratios are against a floor
 measured in the same run; values are medians of `repeats` runs. Nothing here asserts a time.
 """
 from __future__ import annotations
@@ -25,16 +27,21 @@ sys.path.insert(0, str(BENCH.parent))
 SIZES = {
     "smoke": dict(repeats=1, w0_rows=100, w1_shards=2, w1_rows=2_000, w2_shards=6, w2_repeats=1, w3_shards=6,
                   w4_dry_shards=[200], w4_mem_rows=2_000, w4_driver_shards=[5, 20], w5_shards=2, w5_rows=1_000,
-                  ray_overhead_tasks=0),
+                  ray_overhead_tasks=0, w6_counts=[20, 60],
+                  w6_max={"ray": 20, "plain_ray": 20},  # each Ray mode once: a local Ray takes 10-30 s to start here
+                  w7_shards=3, w7_rows=2_000),
     "small": dict(repeats=3, w0_rows=1_000, w1_shards=4, w1_rows=50_000, w2_shards=100, w2_repeats=3,
                   w3_shards=100, w4_dry_shards=[10_000], w4_mem_rows=25_000, w4_driver_shards=[100, 1_000],
-                  w5_shards=2, w5_rows=25_000, ray_overhead_tasks=50),
+                  w5_shards=2, w5_rows=25_000, ray_overhead_tasks=50, w6_counts=[100, 1_000, 3_000],
+                  w7_shards=12, w7_rows=20_000),
     "full": dict(repeats=3, w0_rows=1_000, w1_shards=16, w1_rows=250_000, w2_shards=1_000, w2_repeats=3,
                  w3_shards=1_000, w4_dry_shards=[10_000, 100_000], w4_mem_rows=250_000,
-                 w4_driver_shards=[1_000, 10_000], w5_shards=4, w5_rows=50_000, ray_overhead_tasks=50),
+                 w4_driver_shards=[1_000, 10_000], w5_shards=4, w5_rows=50_000, ray_overhead_tasks=50,
+                 # the per-operation chain at 100,000 shards would take over an hour on 2 cores: 30,000 at most
+                 w6_counts=[1_000, 10_000, 100_000], w6_max={"chain": 30_000}, w7_shards=12, w7_rows=200_000),
 }
-WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5")
-NEEDS_SERVER = {"W1", "W2", "W3", "W4", "W5"}
+WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5", "W6", "W7")
+NEEDS_SERVER = {"W1", "W2", "W3", "W4", "W5"}  # W6 starts its own (measured) server; W7 runs as a user does
 
 
 def machine() -> dict:
@@ -98,8 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads (default: all)")
     p.add_argument("--out", default=str(BENCH / "out" / "results.json"))
     p.add_argument("--data", default=None, help="where data and Prefect homes go (default bench/data/SIZE)")
+    p.add_argument("--w6-counts", default=None, help="comma-separated shard counts for W6 (default: the size's)")
     args = p.parse_args(argv)
-    size = SIZES[args.size]
+    size = dict(SIZES[args.size])
+    if args.w6_counts:
+        size["w6_counts"] = [int(n) for n in args.w6_counts.split(",")]
     chosen = [w.strip().upper() for w in args.only.split(",") if w.strip()]
     data = Path(args.data) if args.data else BENCH / "data" / args.size
     data.mkdir(parents=True, exist_ok=True)
@@ -120,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     rows, errors, seconds = [], {}, {}
     modules = {"W0": "w0_fixed", "W1": "w1_kernel", "W2": "w2_orch", "W3": "w3_resume", "W4": "w4_scale",
-               "W5": "w5_s3"}
+               "W5": "w5_s3", "W6": "w6_shards", "W7": "w7_end_to_end"}
     with prefect_session() if NEEDS_SERVER & set(chosen) else _nothing():
         for w in chosen:
             print(f"[bench] {w} ({args.size}) ...", file=sys.stderr, flush=True)

@@ -26,16 +26,33 @@ EXPECTED = {
     "W5": ["kernel on local disk", "kernel on S3 (moto, loopback)", "kernel: S3 requests per shard",
            "flow: LIST requests per run", "resume: S3 requests per shard"],
 }
+# W6 at smoke size: 20 and 60 shards; the Ray modes are capped at 20 (one local Ray start each).
+W6_MODES = {"(a) thread runner, per-operation chain": [20, 60], "(b) thread runner, --fuse-operations": [20, 60],
+            "(c) --use-ray --fuse-operations": [20], "(d) plain-Ray floor (ray.remote merge_shard)": [20],
+            "(e) sequential kernel loop, one process": [20, 60]}
+W6_PREFECT = tuple(W6_MODES)[:3]  # the sidecar-ops modes
+EXPECTED["W6"] = [f"{mode} @ {n}: {what}" for mode, counts in W6_MODES.items() for n in counts
+                  for what in ("wall", "ms/shard", "driver peak RSS")
+                  + (("Prefect server CPU", "DB growth") if mode in W6_PREFECT else ())]
+EXPECTED["W7"] = ["(a) floor: plain pyarrow script, start -> exit", "(b) sidecar-ops run, start -> exit",
+                  "(c) sidecar-ops run --fuse-operations, start -> exit", "one shard: floor script, start -> exit",
+                  "one shard, warm home: sidecar-ops run start -> exit",
+                  "one shard, fresh home: sidecar-ops run start -> exit"]
+A, B, C, D, E = W6_MODES
 RATIO_ROWS = {("W1", name) for name in EXPECTED["W1"][1:]} | {
     ("W2", "--use-ray (FastRayTaskRunner), full flow"), ("W3", "resume rerun on complete output"),
-    ("W5", "kernel on S3 (moto, loopback)")}
+    ("W5", "kernel on S3 (moto, loopback)"), ("W7", EXPECTED["W7"][1]), ("W7", EXPECTED["W7"][2]),
+    ("W6", f"{B} @ 60: wall"),                      # fused thread / chain thread
+    ("W6", f"{C} @ 20: wall"),                      # fused Ray / plain-Ray floor
+    ("W6", f"{A} @ 60: ms/shard"), ("W6", f"{B} @ 60: ms/shard"), ("W6", f"{E} @ 60: ms/shard"),  # / 20 shards
+    ("W6", f"{A} @ 60: driver peak RSS"), ("W6", f"{B} @ 60: driver peak RSS")}
 
 
 def test_smoke_size_produces_every_row_and_ratio(tmp_path):
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "--size", "smoke", "--out", str(out),
                            "--data", str(tmp_path / "data")], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=1200)
+                          timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["errors"] == {}
@@ -45,7 +62,15 @@ def test_smoke_size_produces_every_row_and_ratio(tmp_path):
             assert (workload, name) in rows, f"missing row {workload} {name!r}; have {sorted(rows)}"
             assert not math.isnan(rows[workload, name]["value"]), (workload, name)
     for key in RATIO_ROWS:
-        assert rows[key]["ratio"] is not None and rows[key]["ratio"] > 0, key
+        assert rows[key]["ratio"] is not None and 0 < rows[key]["ratio"] < math.inf, key
+    # W6 checked every run's output shard count; each Prefect mode's task runs were all recorded.
+    for mode, counts in W6_MODES.items():
+        for n in counts:
+            assert rows["W6", f"{mode} @ {n}: wall"]["note"].startswith(f"{n} output shards checked"), (mode, n)
+            if mode in W6_PREFECT:
+                recorded = n * (3 if mode == A else 1)
+                assert f"{recorded} task runs recorded" in rows["W6", f"{mode} @ {n}: Prefect server CPU"]["note"]
+    assert rows["W6", f"{C} @ 20: ms/shard"]["note"].startswith("capped at 20")
     # What is counted (not timed) must hold even at smoke size.
     assert rows["W3", "resume: data reads (non-footer)"]["value"] == 0
     assert rows["W0", "--dry-run: start -> exit"]["note"] == "no Prefect server started"

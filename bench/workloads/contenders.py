@@ -5,6 +5,10 @@ kernel   tasks.merge.merge_shard (read, align-check, write atomically, verify_ou
 kernel_noverify   the same chain without verify_output (the like-for-like comparison with the floor)
 pandas   pd.read_parquet (pyarrow dtypes) + merge on the keys + to_parquet (zstd, same row groups)
 duckdb   COPY (base POSITIONAL JOIN dqm POSITIONAL JOIN aes) TO parquet (zstd, same row groups)
+
+Also run alone in a fresh interpreter (bench/workloads/probe.py `contender`), not in W1:
+floor_keys   the floor that also reads each source's key column and checks it equals the base's (W7)
+ray_kernel   plain Ray: one ray.remote merge_shard per shard, a bounded window of refs in flight (W6)
 """
 from __future__ import annotations
 
@@ -26,15 +30,25 @@ def _dest(out: str, rel: str) -> str:
     return path
 
 
-def floor(case: Case, out: str) -> None:
+SOURCES = (("dqm", "image_key", "dqm_d1_v6_1"), ("aes", "s3_image_path", "ernie_image_aes"))  # as in bench.yaml
+
+
+def floor(case: Case, out: str, check_keys: bool = False) -> None:
     for rel in case.relpaths:
         pf = pq.ParquetFile(case.path("base", rel))
         table = pf.read(use_threads=True)
         groups = max(pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups))
-        dqm = pq.ParquetFile(case.path("dqm", rel)).read(columns=["dqm_d1_v6_1"], use_threads=True)
-        aes = pq.ParquetFile(case.path("aes", rel)).read(columns=["ernie_image_aes"], use_threads=True)
-        table = table.append_column(dqm.field(0), dqm.column(0)).append_column(aes.field(0), aes.column(0))
+        for sidecar, key, column in SOURCES:
+            src = pq.ParquetFile(case.path(sidecar, rel)).read(columns=[key, column] if check_keys else [column],
+                                                               use_threads=True)
+            if check_keys and not src.column(key).equals(table.column(key)):
+                raise ValueError(f"{rel}: {sidecar} {key} differs from the base's")
+            table = table.append_column(src.schema.field(column), src.column(column))
         pq.write_table(table, _dest(out, rel), compression="zstd", row_group_size=groups)
+
+
+def floor_keys(case: Case, out: str) -> None:
+    floor(case, out, check_keys=True)
 
 
 def _job(case: Case, out: str):
@@ -61,6 +75,28 @@ def kernel_noverify(case: Case, out: str) -> None:
         for index in range(len(job.pipeline.operations)):
             state = apply_step(job, rel, index, state)
         write_output(job, rel, state)
+
+
+def ray_kernel(case: Case, out: str, window: int = 32) -> None:
+    """merge_shard as plain Ray tasks on a local Ray started here; no Prefect. `window` = --max-inflight."""
+    import logging
+
+    import ray
+
+    from tasks.merge import merge_shard
+
+    ray.init(address="local", log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        remote, job, pending, done = ray.remote(merge_shard), ray.put(_job(case, out)), [], 0
+        for rel in case.relpaths:
+            if len(pending) >= window:
+                ready, pending = ray.wait(pending, num_returns=1)
+                done += len(ray.get(ready))
+            pending.append(remote.remote(job, rel))
+        done += len(ray.get(pending))
+        assert done == len(case.relpaths), (done, len(case.relpaths))
+    finally:
+        ray.shutdown()
 
 
 def pandas(case: Case, out: str) -> None:
@@ -95,3 +131,4 @@ def duckdb(case: Case, out: str) -> None:
 
 CONTENDERS = {"floor": floor, "kernel": kernel, "kernel_noverify": kernel_noverify, "pandas": pandas,
               "duckdb": duckdb}
+ALONE = {**CONTENDERS, "floor_keys": floor_keys, "ray_kernel": ray_kernel}

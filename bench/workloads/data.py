@@ -4,6 +4,7 @@ A case is a folder with base/, dqm/, aes/ sidecars (relpaths as in the demo: yea
 datasets/bench.yaml and pipelines/bench.yaml with absolute prefixes, and room for outputs. Cases are
 reused when their parameters match (bench/data/ is gitignored). `linked=True` writes one shard per
 sidecar and hard-links it under every relpath: thousands of (identical, aligned) tiny shards in seconds.
+tasks.demo is imported only to build a case, so a floor script that merely loads one stays plain pyarrow.
 """
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
-
-from tasks.demo import FILTERS, relpaths, shard_tables
 
 SIDECARS = ("base", "dqm", "aes")
 ROW_GROUP = 50_000
@@ -70,6 +69,8 @@ class Case:
 
 def write_yamls(root: Path, source_root: str | None = None) -> None:
     """datasets/bench.yaml + pipelines/bench.yaml; `source_root` (e.g. s3://bucket/case) overrides the prefixes."""
+    from tasks.demo import FILTERS
+
     src = source_root or str(root)
     exts = [f"filter_{f}" for f in FILTERS]
     lines = [f"  - {{name: {e}, type: {e}_v1}}" for e in exts]
@@ -87,6 +88,8 @@ def _write(table, path: str, row_group: int) -> None:
 
 def make_case(root: Path, shards: int, rows: int | list[int], linked: bool = False) -> Case:
     """Build (or reuse) a case; `rows` is per shard (an int for all shards)."""
+    from tasks.demo import relpaths, shard_tables
+
     root = Path(root)
     per_shard = list(rows) if isinstance(rows, list) else [rows] * shards
     params = {"shards": shards, "rows": per_shard if len(set(per_shard)) > 1 else per_shard[0], "linked": linked,
@@ -121,3 +124,26 @@ def make_case(root: Path, shards: int, rows: int | list[int], linked: bool = Fal
     write_yamls(root)
     marker.write_text(json.dumps(params))
     return case
+
+
+def load_case(root: Path) -> Case:
+    """A case already built under `root` (by make_case), found by listing its base/ folder."""
+    root = Path(root)
+    params = json.loads((root / "ready.json").read_text())
+    base = root / "base"
+    rels = sorted(str(p.relative_to(base)) for p in base.rglob("*.parquet"))
+    rows = params["rows"] if isinstance(params["rows"], list) else [params["rows"]] * len(rels)
+    assert len(rels) == params["shards"], f"{root}: {len(rels)} base shards, expected {params['shards']}"
+    return Case(root, tuple(rels), tuple(rows))
+
+
+def check_rows(case: Case, out: str, name: str) -> None:
+    """Every output shard of `case` exists under `out` with the base's row count (its footer)."""
+    for rel, rows in zip(case.relpaths, case.rows):
+        got = pq.ParquetFile(out + rel).metadata.num_rows
+        assert got == rows, f"{name}: {rel} has {got} rows, expected {rows}"
+
+
+def count_outputs(out: str) -> int:
+    """Parquet files under an output prefix (how many shards a run wrote)."""
+    return sum(name.endswith(".parquet") for _, _, names in os.walk(out) for name in names)

@@ -7,6 +7,9 @@
                                            tasks.merge.merge_shard on a tiny warm-up shard (lazy imports,
                                            kernel registries, thread pools), then on RELPATH: RSS before,
                                            peak RSS, decoded size of the output table
+    probe.py contender OUT.json NAME CASE_ROOT OUTPUT
+                                           one contender of bench/workloads/contenders.py (ALONE) over
+                                           every shard of the case built under CASE_ROOT, as a script would
 """
 from __future__ import annotations
 
@@ -67,6 +70,16 @@ def merge(pipeline: str, output: str, warmup: str, relpath: str) -> dict:
     return report
 
 
+def contender(name: str, root: str, output: str) -> dict:
+    from bench.workloads.contenders import ALONE
+    from bench.workloads.data import load_case
+
+    case = load_case(Path(root))
+    t = time.perf_counter()
+    ALONE[name](case, output)
+    return {"seconds": time.perf_counter() - t, "shards": len(case.relpaths)}
+
+
 if __name__ == "__main__":
     mode, out = sys.argv[1], sys.argv[2]
     rest = sys.argv[3:]
@@ -74,6 +87,8 @@ if __name__ == "__main__":
         result = cli(rest[1:] if rest[:1] == ["--"] else rest)
     elif mode == "merge":
         result = merge(*rest)
+    elif mode == "contender":
+        result = contender(*rest)
     else:
         raise SystemExit(f"unknown probe mode {mode!r}")
     result.setdefault("maxrss_mb", maxrss_mb())

@@ -9,11 +9,9 @@ from pathlib import Path
 
 import time
 
-import pyarrow.parquet as pq
-
 from bench.workloads.common import Row, median, probe, timed
 from bench.workloads.contenders import CONTENDERS
-from bench.workloads.data import make_case
+from bench.workloads.data import check_rows, make_case
 from bench.workloads.flowrun import run_flow
 from bench.workloads.w0_fixed import cli_home, is_warm
 
@@ -48,7 +46,7 @@ def run(data: Path, size: dict) -> list[Row]:
             if name == "cli":
                 seconds = returned
             if rep == 0 or (rep == 1 and name == "cli"):
-                _check(case, out, name)
+                check_rows(case, out, name)
             if rep == 0:
                 continue
             samples[name].append(seconds)
@@ -82,9 +80,3 @@ def run(data: Path, size: dict) -> list[Row]:
 
 LABELS = {"floor": "(a)", "kernel_noverify": "(b) ", "kernel": "(b')", "flow": "(c) ", "cli": "(c')",
           "pandas": "(d)", "duckdb": "(e)"}
-
-
-def _check(case, out: str, name: str) -> None:
-    for rel, rows in zip(case.relpaths, case.rows):
-        got = pq.ParquetFile(out + rel).metadata.num_rows
-        assert got == rows, f"{name}: {rel} has {got} rows, expected {rows}"

@@ -6,11 +6,11 @@
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from bench.workloads.common import Row, probe
 from bench.workloads.data import make_case
+from flows.server import configured_api
 
 
 def run(data: Path, size: dict) -> list[Row]:
@@ -38,7 +38,8 @@ def run(data: Path, size: dict) -> list[Row]:
                     note="8.0 = scales with the shard"))
 
     drv = {}
-    api = {**home, "PREFECT_API_URL": os.environ["PREFECT_API_URL"]}  # the session's server: driver RSS only
+    # the session's server (in this process's Prefect settings, no longer in os.environ): driver RSS only
+    api = {**home, "PREFECT_API_URL": configured_api()}
     for n in size["w4_driver_shards"]:
         case = make_case(data / f"w4-drv-{n}", n, 10, linked=True)
         rep = probe("cli", "--", "run", case.pipeline, "--output-prefix", case.output("run"), env=api)

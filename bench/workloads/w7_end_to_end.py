@@ -1,0 +1,86 @@
+"""W7 end to end, the way a user (or a hidden check) would time it: each contender a fresh process, start to exit.
+
+(a) floor: a plain pyarrow script (contenders.floor_keys: read the base, read each source's key and score
+    columns, check the keys equal the base's, append, write zstd parquet), shard after shard
+(b) `sidecar-ops run` (thread runner, warm PREFECT_HOME: its own run-scoped Prefect server, as a user gets)
+(c) `sidecar-ops run --fuse-operations`
+One uncounted warm-up run of (b) first (warms the Prefect home and the page cache), then `repeats` rounds
+of (a), (b), (c) alternated; medians. Then the fixed cost: the same data's first shard alone through
+`sidecar-ops run`, warm home and fresh home (W0 times a 1,000-row shard; this is a shard of W7's size).
+Every output is checked for its row counts.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from bench.workloads.common import Row, median, probe
+from bench.workloads.data import Case, check_rows, make_case
+from bench.workloads.w0_fixed import cli_home
+
+FLOOR = "(a) floor: plain pyarrow script, start -> exit"
+
+
+def floor(case: Case, out: str) -> float:
+    rep = probe("contender", "floor_keys", str(case.root), out)
+    return rep["t_end"] - rep["t_start"]
+
+
+def cli(case: Case, out: str, home: Path, *flags: str) -> float:
+    home.mkdir(parents=True, exist_ok=True)
+    rep = probe("cli", "--", "run", case.pipeline, "--output-prefix", out, *flags, env={"PREFECT_HOME": str(home)})
+    assert rep["exit_code"] == 0, f"sidecar-ops run {' '.join(flags)}: exit {rep['exit_code']}\n{rep['stderr_tail']}"
+    return rep["t_end"] - rep["t_start"]
+
+
+def run(data: Path, size: dict) -> list[Row]:
+    case = make_case(data / "w7", size["w7_shards"], size["w7_rows"])
+    home = cli_home(data)
+    contenders = {"floor": lambda out: floor(case, out), "cli": lambda out: cli(case, out, home),
+                  "fused": lambda out: cli(case, out, home, "--fuse-operations")}
+    warmup = case.output("cli")
+    cli(case, warmup, home)
+    check_rows(case, warmup, "warm-up")
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(size["repeats"]):
+        for name, fn in contenders.items():
+            out = case.output(name)
+            samples[name].append(fn(out))
+            check_rows(case, out, name)
+    m = {k: median(v) for k, v in samples.items()}
+    desc = (f"{len(case.relpaths)} shards x {case.rows[0]:,} rows, {case.bytes_on_disk() / 2**20:.0f} MiB base; "
+            f"medians of {size['repeats']}")
+    return [
+        Row("W7", FLOOR, m["floor"], samples=samples["floor"], note=desc),
+        Row("W7", "(b) sidecar-ops run, start -> exit", m["cli"], samples=samples["cli"], ref=FLOOR,
+            goal="<= 1.5", note="thread runner, warm PREFECT_HOME"),
+        Row("W7", "(c) sidecar-ops run --fuse-operations, start -> exit", m["fused"], samples=samples["fused"],
+            ref=FLOOR, goal="<= 1.5", note="thread runner, warm PREFECT_HOME"),
+        *one_shard(data, size, home),
+    ]
+
+
+def one_shard(data: Path, size: dict, home: Path) -> list[Row]:
+    """The fixed cost: one shard of W7's size, start -> exit, warm home vs a fresh (empty) one."""
+    one = make_case(data / "w7-one", 1, size["w7_rows"])
+    fresh_homes = Path(tempfile.mkdtemp(prefix="homes-", dir=data))
+    samples: dict[str, list[float]] = {"floor": [], "warm": [], "fresh": []}
+    try:
+        for i in range(size["repeats"]):
+            samples["floor"].append(floor(one, one.output("floor")))
+            for name, where in (("warm", home), ("fresh", fresh_homes / f"fresh-{i}")):
+                out = one.output(name)
+                samples[name].append(cli(one, out, where))
+                check_rows(one, out, name)
+    finally:
+        shutil.rmtree(fresh_homes, ignore_errors=True)
+    m = {k: median(v) for k, v in samples.items()}
+    note = f"1 shard x {one.rows[0]:,} rows"
+    return [
+        Row("W7", "one shard: floor script, start -> exit", m["floor"], samples=samples["floor"], note=note),
+        Row("W7", "one shard, warm home: sidecar-ops run start -> exit", m["warm"], samples=samples["warm"],
+            goal="<= 3 s", met=m["warm"] <= 3.0, note=note),
+        Row("W7", "one shard, fresh home: sidecar-ops run start -> exit", m["fresh"], samples=samples["fresh"],
+            goal="<= 6 s", met=m["fresh"] <= 6.0, note=f"{note}; an empty PREFECT_HOME"),
+    ]
