@@ -108,3 +108,19 @@ class Operation(ABC):
         base tables, `read(uri, columns)` and `compare(name, got, want, cast)`; `record` is this step's
         OpRecord. Nothing to compare by default."""
         return Findings()
+
+
+def column_names(fields, key: str, empty: str, required: bool = True) -> tuple[str, ...] | None:
+    """A YAML list of distinct, non-empty column names (None when optional and absent); errors via fields.fail,
+    `empty` saying what an empty list should have been."""
+    columns = fields.get(key, list, required=required)
+    if columns is None:
+        return None
+    if not columns:
+        raise fields.fail(key, empty)
+    for i, col in enumerate(columns):
+        if not isinstance(col, str) or not col.strip():
+            raise fields.fail(key, f"{key}[{i}] must be a non-empty column name")
+    if len(set(columns)) != len(columns):
+        raise fields.fail(key, "lists a column twice")
+    return tuple(columns)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from tasks.errors import ShardError
-from tasks.ops.base import NO_INPUT, Findings, Operation
+from tasks.ops.base import NO_INPUT, Findings, Operation, column_names
 
 
 @dataclass(frozen=True)
@@ -21,14 +21,7 @@ class DropColumns(Operation):
 
     @classmethod
     def from_yaml(cls, fields, dataset, prefix_field) -> DropColumns:
-        columns = fields.get("columns", list)
-        if not columns:
-            raise fields.fail("columns", "must list at least one column to drop")
-        for i, col in enumerate(columns):
-            if not isinstance(col, str) or not col.strip():
-                raise fields.fail("columns", f"columns[{i}] must be a non-empty column name")
-        if len(set(columns)) != len(columns):
-            raise fields.fail("columns", "lists a column twice")
+        columns = column_names(fields, "columns", empty="must list at least one column to drop")
         declared = {e.name for e in dataset.schema_extensions}
         for col in columns:
             if col == dataset.key_column:
@@ -39,7 +32,7 @@ class DropColumns(Operation):
             if col in declared:
                 raise fields.fail("columns", f"{col!r} is declared in the dataset's schema_extensions: remove it "
                                              "there to drop it from the output")
-        return cls(tuple(columns))
+        return cls(columns)
 
     def conflicts(self, dataset, operations) -> list[tuple[str, str]]:
         problems = []

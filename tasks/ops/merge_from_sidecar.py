@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from tasks import storage
 from tasks.errors import ShardError
 from tasks.ops.alignment import check_aligned
-from tasks.ops.base import ABSENT, SKIPPED, Findings, Input, Operation
+from tasks.ops.base import ABSENT, SKIPPED, Findings, Input, Operation, column_names
 from tasks.parquet_errors import unreadable_parquet
 
 COLUMN_SCHEMA = {"type": "string", "pattern": r"\S"}  # a non-empty column name
@@ -45,16 +45,8 @@ class MergeFromSidecar(Operation):
     @classmethod
     def from_yaml(cls, fields, dataset, prefix_field) -> MergeFromSidecar:
         source_prefix = prefix_field(fields, "source_prefix")
-        columns = fields.get("columns", list, required=False)
-        if columns is not None:
-            if not columns:
-                raise fields.fail("columns", "must list at least one column (omit it to take every column)")
-            for i, col in enumerate(columns):
-                if not isinstance(col, str) or not col.strip():
-                    raise fields.fail("columns", f"columns[{i}] must be a non-empty column name")
-            if len(set(columns)) != len(columns):
-                raise fields.fail("columns", "lists a column twice")
-            columns = tuple(columns)
+        columns = column_names(fields, "columns", required=False,
+                               empty="must list at least one column (omit it to take every column)")
         mode = fields.get("mode", str, required=False, default="fill_missing")
         if mode not in MODES:
             raise fields.fail("mode", f"unknown mode {mode!r} (known: {', '.join(MODES)})")
