@@ -15,6 +15,8 @@ run's output shard count is asserted. One run per (mode, count): the curve, not 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -110,7 +112,15 @@ def run(data: Path, size: dict) -> list[Row]:
             for mode in MODES:
                 if n in counts[mode]:
                     results[mode, n] = one_run(srv, cases[n], mode, cli_home(data))
+                    log_progress(data, mode, n, results[mode, n])
     return [row for mode in MODES for row in mode_rows(mode, counts, results, max(every))]
+
+
+def log_progress(data: Path, mode: str, n: int, result: dict) -> None:
+    """One JSON line per finished run (w6-progress.jsonl): a W6 of hours keeps what it measured if stopped."""
+    line = {"mode": mode, "shards": n, "loadavg": os.getloadavg(), "time": time.time(), **result}
+    with open(data / "w6-progress.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def mode_rows(mode: str, counts: dict, results: dict, largest: int) -> list[Row]:
