@@ -5,6 +5,7 @@ The flow modules are imported while the run's own Prefect server starts (the two
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import logging
 import sys
@@ -26,6 +27,7 @@ class _ConsoleFilter(logging.Filter):
         return not record.name.startswith(NOISY_ON_CONSOLE)
 
 
+@functools.cache  # once a process: a second setup_logging() costs ~0.3 s and changes nothing
 def quiet_console(debug: bool) -> None:
     if debug:
         return
@@ -80,12 +82,13 @@ def server_host(choice: RunnerChoice) -> str:
 
 
 @contextlib.contextmanager
-def session(config: RunConfig, what: str, keep_history: bool = False, while_starting=None):
+def session(config: RunConfig, what: str, flow_module: str, keep_history: bool = False):
     """The Prefect API of one command-line run (a server of its own unless PREFECT_API_URL is set), a quiet
-    console, and buffered logs sent before the server stops."""
+    console, and buffered logs sent before the server stops. While a server of its own boots, this process
+    gets ready for the flow (`warm_up`), so the flow starts the moment the server answers."""
     debug = config.runner.debug
     with prefect_api(ui=debug, host=server_host(config.runner), keep_history=keep_history, announce=debug,
-                     while_starting=while_starting) as api_url:
+                     while_starting=lambda: warm_up(flow_module, debug)) as api_url:
         quiet_console(debug)
         quiet_ray(config.runner)
         print(f"{what} {config.pipeline.path} -> {config.output_prefix} (Prefect API {api_url})", file=sys.stderr)
@@ -95,9 +98,17 @@ def session(config: RunConfig, what: str, keep_history: bool = False, while_star
             flush_api_logs()
 
 
+def warm_up(flow_module: str, debug: bool) -> None:
+    """What a flow run would otherwise do first, on the critical path: import the flow (Prefect with it), set up
+    logging, and import what Prefect itself imports lazily to record the flow run's parameters."""
+    importlib.import_module(flow_module)
+    importlib.import_module("fastapi.encoders")  # prefect.flows.serialize_parameters; ~0.6 s here
+    quiet_console(debug)
+
+
 def run_merge(config: RunConfig, keep_history: bool = False) -> int:
     """`sidecar-ops run`: 0 when every shard is complete; RunFailed (exit 1) names the failed ones."""
-    with session(config, "merging", keep_history, while_starting=lambda: importlib.import_module("flows.merge")):
+    with session(config, "merging", "flows.merge", keep_history):
         from flows.merge import merge_flow  # imported while the server started
 
         summary = merge_flow(**config.flow_parameters(*MERGE_PARAMETERS))
@@ -107,7 +118,7 @@ def run_merge(config: RunConfig, keep_history: bool = False) -> int:
 
 def run_verify(config: RunConfig, keep_history: bool = False, json_path: str | None = None) -> int:
     """`sidecar-ops verify`: 0 when every check passes, 1 when any fails."""
-    with session(config, "verifying", keep_history, while_starting=lambda: importlib.import_module("flows.verify")):
+    with session(config, "verifying", "flows.verify", keep_history):
         from flows.verify import VerifyFailed, verify_flow
 
         try:

@@ -38,7 +38,8 @@ class RunDatabase:
         self.template = self.folder / f"template-prefect-{version('prefect')}.db"
         self.path = self.folder / f"run-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.db"
         self.sweep()
-        if self.template.exists():
+        self.from_template = self.template.exists()
+        if self.from_template:
             shutil.copyfile(self.template, self.path)
 
     @property
@@ -48,7 +49,7 @@ class RunDatabase:
     def save_template(self) -> None:
         """Once the server has migrated a new database (it answers /health): keep a copy for later runs.
         SQLite's backup API copies a consistent snapshot even while the server writes."""
-        if self.template.exists():
+        if self.from_template or self.template.exists():
             return
         temp = self.folder / f".template-{uuid.uuid4().hex}.db"
         with closing(sqlite3.connect(self.path)) as source, closing(sqlite3.connect(temp)) as target:

@@ -82,51 +82,26 @@ def prefect_api(ui: bool = False, while_starting=None, host: str = "127.0.0.1", 
     `host` is the address to listen on; any other than loopback gets a per-run credential. The server's
     database lasts as long as the run (flows/rundb.py), unless `keep_history` (then Prefect's own database
     under PREFECT_HOME, which `prefect server start` shows later) or PREFECT_API_DATABASE_CONNECTION_URL is set.
-    `while_starting` (e.g. importing the flow module) runs while the server boots, overlapping the two.
-    `announce` says on stderr where the server's log and database are."""
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
-
-    configured = configured_api()
-    if configured:
-        yield configured
+    The server process starts before this process imports Prefect: the two boot side by side, and
+    `while_starting` (importing the flow module, ...) runs meanwhile. `announce` says on stderr where the
+    server's log and database are."""
+    if os.environ.get("PREFECT_API_URL"):  # the usual way to name a server; no need to import Prefect to see it
+        yield os.environ["PREFECT_API_URL"]
         return
-    port = free_port(host)
-    url = f"http://{host}:{port}/api"
-    protect = host != "127.0.0.1"
-    auth = f"sidecar-ops:{secrets.token_urlsafe(32)}" if protect else None
-    home = prefect_home()
-    home.mkdir(parents=True, exist_ok=True)
-    log_path = home / "sidecar-ops-server.log"
-    if log_path.exists() and log_path.stat().st_size > LOG_LIMIT:
-        os.replace(log_path, log_path.with_suffix(".log.1"))  # one older generation, so the log stays bounded
-    env = {**os.environ, **SERVER_TUNING, "PREFECT_UI_ENABLED": "true" if ui else "false"}
-    env.pop("PREFECT_API_URL", None)
-    if auth:
-        env["PREFECT_SERVER_API_AUTH_STRING"] = auth  # the environment, never the command line
-    db = None if keep_history or env.get("PREFECT_API_DATABASE_CONNECTION_URL") else RunDatabase(home)
-    if db is not None:
-        env["PREFECT_API_DATABASE_CONNECTION_URL"] = db.url
-    if announce:
-        where = f"{db.path} (removed at the end; --keep-run-history keeps it)" if db else \
-            env.get("PREFECT_API_DATABASE_CONNECTION_URL") or f"{home / 'prefect.db'} (kept)"
-        print(f"Prefect server for this run: {url}, log {log_path}, database {where}", file=sys.stderr)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
-             "--log-level", "WARNING", "--ui" if ui else "--no-ui"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    server = RunServer(host, ui, keep_history)
     try:
+        configured = configured_api()  # a Prefect profile or settings file may name a server as well
+        if configured:
+            server.stop()
+            yield configured
+            return
+        if announce:
+            print(f"Prefect server for this run: {server.url}, log {server.log_path}, database {server.where()}",
+                  file=sys.stderr)
         if while_starting is not None:
             while_starting()
-        deadline = time.monotonic() + START_TIMEOUT
-        while not healthy(url):
-            if proc.poll() is not None:
-                raise RuntimeError(f"local Prefect server exited with {proc.returncode}; see {log_path}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"local Prefect server did not answer within {START_TIMEOUT:.0f}s; see {log_path}")
-            time.sleep(0.2)
-        if db is not None:
-            db.save_template()
+        server.wait_healthy()
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
         from prefect.settings import temporary_settings
 
         # The URL and credential live in this process's Prefect settings only: the flow hands the URL to its Ray
@@ -134,13 +109,64 @@ def prefect_api(ui: bool = False, while_starting=None, host: str = "127.0.0.1", 
         # carries (flows/runners.py), never through an environment.
         # No flow run heartbeats: they serve crash detection on a long-lived server, and this one ends with the
         # run; their thread only delays the end of every run by up to a second.
-        with temporary_settings({PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
-                                 **({PREFECT_API_AUTH_STRING: auth} if auth else {})}):
-            yield url
+        with temporary_settings({PREFECT_API_URL: server.url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+                                 **({PREFECT_API_AUTH_STRING: server.auth} if server.auth else {})}):
+            yield server.url
     finally:
-        stop(proc)
-        if db is not None:
-            db.remove()
+        server.stop()
+
+
+class RunServer:
+    """A Prefect server process for one run (flows/apiserver.py), on a free port of `host`, with its database."""
+
+    def __init__(self, host: str, ui: bool, keep_history: bool):
+        port = free_port(host)
+        self.url = f"http://{host}:{port}/api"
+        protect = host != "127.0.0.1"
+        self.auth = f"sidecar-ops:{secrets.token_urlsafe(32)}" if protect else None
+        home = prefect_home()
+        home.mkdir(parents=True, exist_ok=True)
+        self.log_path = home / "sidecar-ops-server.log"
+        if self.log_path.exists() and self.log_path.stat().st_size > LOG_LIMIT:
+            os.replace(self.log_path, self.log_path.with_suffix(".log.1"))  # one older generation: bounded
+        env = {**os.environ, **SERVER_TUNING, "PREFECT_SERVER_UI_ENABLED": str(ui).lower(),
+               "PREFECT_UI_ENABLED": str(ui).lower()}
+        env.pop("PREFECT_API_URL", None)
+        if self.auth:
+            env["PREFECT_SERVER_API_AUTH_STRING"] = self.auth  # the environment, never the command line
+        own_db = not keep_history and not env.get("PREFECT_API_DATABASE_CONNECTION_URL")
+        self.db = RunDatabase(home) if own_db else None
+        if self.db is not None:
+            env["PREFECT_API_DATABASE_CONNECTION_URL"] = self.db.url
+            if self.db.from_template:  # already migrated, block types registered: skip both (about a second)
+                env.update(PREFECT_API_DATABASE_MIGRATE_ON_START="false", PREFECT_API_BLOCKS_REGISTER_ON_START="false")
+        self.kept_db = env.get("PREFECT_API_DATABASE_CONNECTION_URL") or f"{home / 'prefect.db'} (kept)"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "flows.apiserver", host, str(port)], stdout=log, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True, preexec_fn=_die_with_parent)
+
+    def where(self) -> str:
+        if self.db is None:
+            return self.kept_db
+        return f"{self.db.path} (removed at the end; --keep-run-history keeps it)"
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not healthy(self.url):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"local Prefect server exited with {self.proc.returncode}; see {self.log_path}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"local Prefect server did not answer within {START_TIMEOUT:.0f}s; "
+                                   f"see {self.log_path}")
+            time.sleep(0.05)
+        if self.db is not None:
+            self.db.save_template()
+
+    def stop(self) -> None:
+        stop(self.proc)
+        if self.db is not None:
+            self.db.remove()
 
 
 def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
