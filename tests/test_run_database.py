@@ -3,12 +3,14 @@ from a migrated template and removed at the end; `--keep-run-history` keeps Pref
 a killed run's database is removed by the next run; a user's server (PREFECT_API_URL) is left alone."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import socket
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 from core_fixtures import build
@@ -93,3 +95,47 @@ def test_a_users_server_is_left_alone(tmp_path, prefect_api):
     home = tmp_path / "home"
     run(setup, home, api=prefect_api)
     assert not (home / "sidecar-ops").exists() and not (home / "prefect.db").exists()
+
+
+def schema_of(con: sqlite3.Connection) -> dict:
+    """What a migration decides: every table, index and trigger (a statement's clauses in any order: batch
+    migrations recreate tables with their constraints reordered), the revision, the registered block types."""
+    statements = {name: sorted(line.strip().rstrip(",") for line in (sql or "").splitlines())
+                  for name, sql in con.execute("select name, sql from sqlite_master")}
+    return {"statements": statements,
+            "revision": con.execute("select version_num from alembic_version").fetchall(),
+            "block types": con.execute("select slug from block_type order by slug").fetchall(),
+            "block schemas": con.execute("select checksum from block_schema order by checksum").fetchall()}
+
+
+def test_the_shipped_template_is_what_prefects_migrations_make(tmp_path):
+    """flows/templates/ holds the migrated database of the pinned Prefect; after upgrading Prefect, rebuild it
+    with `python -m flows.rundb` (until then a new home's first run migrates, and saves its own template)."""
+    from flows.rundb import dump, shipped_dump
+
+    assert shipped_dump().exists(), f"no {shipped_dump()}: run `python -m flows.rundb`"
+    built = tmp_path / "migrated.db"
+    code = f"from pathlib import Path; from flows.rundb import migrated_database; migrated_database(Path({str(built)!r}))"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "home")}
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, timeout=300)
+    shipped = sqlite3.connect(":memory:")
+    shipped.executescript(gzip.decompress(shipped_dump().read_bytes()).decode())
+    with closing(sqlite3.connect(built)) as migrated:
+        assert schema_of(shipped) == schema_of(migrated)
+    assert gzip.decompress(dump(built)) != b""
+
+
+def test_a_new_homes_first_run_starts_from_the_shipped_template(tmp_path):
+    """No migrations on a first run: the home's template is the shipped one (the same random block ids), not a
+    database the run's server migrated."""
+    from flows.rundb import shipped_dump
+
+    setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=20, watermark_gap=False)
+    home = tmp_path / "home"
+    run(setup, home)
+    shipped = sqlite3.connect(":memory:")
+    shipped.executescript(gzip.decompress(shipped_dump().read_bytes()).decode())
+    template = next(home.glob("sidecar-ops/template-prefect-*.db"))
+    ids = "select id from block_type order by id"
+    with closing(sqlite3.connect(template)) as con:
+        assert con.execute(ids).fetchall() == shipped.execute(ids).fetchall() != []
