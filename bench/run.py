@@ -107,10 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(BENCH / "out" / "results.json"))
     p.add_argument("--data", default=None, help="where data and Prefect homes go (default bench/data/SIZE)")
     p.add_argument("--w6-counts", default=None, help="comma-separated shard counts for W6 (default: the size's)")
+    p.add_argument("--w6-modes", default=None, help="comma-separated W6 modes (default: all): chain, fused, ray, "
+                   "plain_ray, sequential")
     args = p.parse_args(argv)
     size = dict(SIZES[args.size])
     if args.w6_counts:
         size["w6_counts"] = [int(n) for n in args.w6_counts.split(",")]
+    if args.w6_modes:
+        size["w6_modes"] = [m.strip() for m in args.w6_modes.split(",") if m.strip()]
     chosen = [w.strip().upper() for w in args.only.split(",") if w.strip()]
     data = Path(args.data) if args.data else BENCH / "data" / args.size
     data.mkdir(parents=True, exist_ok=True)

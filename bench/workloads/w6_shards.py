@@ -103,17 +103,18 @@ def one_run(srv: Server, case: Case, mode: str, home: Path) -> dict:
 
 
 def run(data: Path, size: dict) -> list[Row]:
-    counts = {mode: mode_counts(size, mode) for mode in MODES}
+    modes = size.get("w6_modes") or list(MODES)
+    counts = {mode: mode_counts(size, mode) for mode in MODES if mode in modes}
     every = sorted({n for ns in counts.values() for n in ns})
     cases = {n: make_case(data / f"w6-{n}", n, ROWS, linked=True) for n in every}
     results: dict[tuple[str, int], dict] = {}
     with server(data) as srv:
         for n in every:  # modes interleaved at each count
-            for mode in MODES:
+            for mode in counts:
                 if n in counts[mode]:
                     results[mode, n] = one_run(srv, cases[n], mode, cli_home(data))
                     log_progress(data, mode, n, results[mode, n])
-    return [row for mode in MODES for row in mode_rows(mode, counts, results, max(every))]
+    return [row for mode in counts for row in mode_rows(mode, counts, results, max(every))]
 
 
 def log_progress(data: Path, mode: str, n: int, result: dict) -> None:
@@ -132,7 +133,7 @@ def mode_rows(mode: str, counts: dict, results: dict, largest: int) -> list[Row]
     versus, goal = WALL_REFS.get(mode, (None, None))
     for n in ns:
         r, name, last = results[mode, n], f"{label} @ {n:,}", n == hi and len(ns) > 1
-        ref = f"{MODES[versus][0]} @ {n:,}: wall" if versus and n in counts[versus] else None
+        ref = f"{MODES[versus][0]} @ {n:,}: wall" if versus and n in counts.get(versus, ()) else None
         rows.append(Row("W6", f"{name}: wall", r["wall"], samples=[r["wall"]], ref=ref, goal=goal if ref else None,
                         note=f"{n:,} output shards checked; {ROWS} rows each"))
         rows.append(Row("W6", f"{name}: ms/shard", r["wall"] / n * 1000, unit="ms",
