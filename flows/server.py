@@ -143,7 +143,7 @@ class RunServer:
         self.kept_db = env.get("PREFECT_API_DATABASE_CONNECTION_URL") or f"{home / 'prefect.db'} (kept)"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "flows.apiserver", host, str(port)], stdout=log, stderr=subprocess.STDOUT,
+                [sys.executable, "-m", "flows.apiserver", "--host", host, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
                 env=env, start_new_session=True, preexec_fn=_die_with_parent)
 
     def where(self) -> str:

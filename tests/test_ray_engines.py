@@ -47,7 +47,8 @@ class Watch(threading.Thread):
         while not self.done.is_set():
             for proc in tagged(self.tag):
                 title = proc.title
-                if "prefect" in title and ("server start" in title or "prefect.server.api.server" in title):
+                if "flows.apiserver" in title or "prefect" in title and (
+                        "server start" in title or "prefect.server.api.server" in title):
                     self.servers[proc.pid] = title
                 elif title.split()[:1] in (["ray::merge"], ["ray::verify-shard"]):
                     self.workers[proc.pid] = proc.env.get("PREFECT_API_URL")
