@@ -132,6 +132,8 @@ class RunServer:
         env = {**os.environ, **SERVER_TUNING, "PREFECT_SERVER_UI_ENABLED": str(ui).lower(),
                "PREFECT_UI_ENABLED": str(ui).lower()}
         env.pop("PREFECT_API_URL", None)
+        if ui:  # the UI asks the API at 127.0.0.1:4200 unless told where it is
+            env["PREFECT_UI_API_URL"] = self.url
         if self.auth:
             env["PREFECT_SERVER_API_AUTH_STRING"] = self.auth  # the environment, never the command line
         own_db = not keep_history and not env.get("PREFECT_API_DATABASE_CONNECTION_URL")
