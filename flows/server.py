@@ -1,11 +1,13 @@
 """One Prefect API for the whole run.
 
 With PREFECT_API_URL set, that server is used. Otherwise the run starts one Prefect server of its own
-(SQLite under PREFECT_HOME, one database per run: flows/rundb.py), tuned so its task run recorder keeps up with shard tasks, and stops it at the
-end. Every Ray worker gets the same URL, so none starts a temporary server of its own. The server listens
-on loopback, or, when workers on other hosts must reach it, on the address they know this host by; it is
-then protected by a random per-run credential (Prefect's API auth string) that only the run's own
-settings carry: never printed, never in the environment of a Ray job, an output or a Prefect record.
+(flows/apiserver.py: Prefect's API app, without Prefect's CLI) the moment the run's arguments are checked, on
+SQLite under PREFECT_HOME with one database per run copied from a migrated template (flows/rundb.py), tuned so
+its task run recorder keeps up with shard tasks, and stops it at the end. Every Ray worker gets the same URL, so
+none starts a temporary server of its own. The server listens on loopback, or, when workers on other hosts must
+reach it, on the address they know this host by; it is then protected by a random per-run credential (Prefect's
+API auth string) that only the run's own settings carry: never printed, never in the environment of a Ray job,
+an output or a Prefect record.
 """
 from __future__ import annotations
 
