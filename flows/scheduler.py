@@ -12,6 +12,7 @@ import queue
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
+from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.runconfig import RunnerChoice
@@ -22,6 +23,7 @@ from tasks.errors import one_line
 # region, retries, upload tuning) and telemetry off. Credentials never travel: each node uses its own chain.
 FORWARDED_ENV = (*storage.worker_env_names(), "DO_NOT_TRACK")
 FORWARDED_ENV_PREFIXES = ("PREFECT_LOGGING_",)
+FORGET_EVERY = 256  # finished task runs between two sweeps of the flow run context's result links
 
 
 @dataclass
@@ -61,11 +63,17 @@ def run_window(items: Iterable, submit: Callable[[Any], list], max_inflight: int
     item is submitted (fail-fast); those in flight still finish and are yielded."""
     finished: queue.Queue = queue.Queue()
     inflight: dict[int, tuple[Any, list]] = {}
+    done_ids: set = set()
 
     def collect() -> Finished:
         ticket = finished.get()
         item, futures = inflight.pop(ticket)
-        return Finished(item, futures, final_state(futures[-1]))
+        done = Finished(item, futures, final_state(futures[-1]))
+        done_ids.update(future.task_run_id for future in futures)
+        if len(done_ids) >= FORGET_EVERY or not inflight:
+            forget_results(done_ids)
+            done_ids.clear()
+        return done
 
     for ticket, item in enumerate(items):
         while len(inflight) >= max(1, max_inflight):
@@ -77,6 +85,19 @@ def run_window(items: Iterable, submit: Callable[[Any], list], max_inflight: int
         futures[-1].add_done_callback(lambda _f, t=ticket: finished.put(t))
     while inflight:
         yield collect()
+
+
+def forget_results(task_run_ids: set) -> None:
+    """Drop the flow run context's links from these task runs' results to their states. Prefect keeps one per
+    result for the whole flow run (to find the upstream of a result passed on as a plain value); a finished
+    shard's results go nowhere, and at 10^5 shards these links were most of the driver's memory."""
+    context = FlowRunContext.get()
+    if context is None:
+        return
+    links = context.run_results
+    for key, (state, *_) in list(links.items()):  # tasks running in other threads add links meanwhile
+        if state.state_details.task_run_id in task_run_ids:
+            links.pop(key, None)
 
 
 def forwarded_env() -> dict[str, str]:
