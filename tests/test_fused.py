@@ -85,26 +85,27 @@ def test_fused_failure_names_the_shard_and_the_operation(tmp_path, run):
 
 
 def test_the_driver_keeps_no_links_of_finished_shards(tmp_path, run, monkeypatch):
-    """Prefect links every task result to its state in the flow run context for the whole flow run; the shard
-    scheduler drops those of finished shards, so the driver's memory does not grow with the shard count (at
-    10^5 shards these links were most of it). Observed at each finished shard, both modes."""
+    """Prefect links every task result to its state in the flow run context for the whole flow run, and its
+    thread pool keeps a cancel event per task run; the shard scheduler and runner drop those of finished
+    shards, so the driver's memory does not grow with the shard count. Observed at each finished shard."""
     from prefect.context import FlowRunContext
 
     import flows.scheduler
 
-    shards, window, sizes = 80, 4, []
+    shards, window, sizes, events = 80, 4, [], []
     real = flows.scheduler.run_window
 
-    def watched(*args, **kwargs):
-        for done in real(*args, **kwargs):
+    def watched(items, submit, *args, **kwargs):
+        for done in real(items, submit, *args, **kwargs):
             sizes.append(len(FlowRunContext.get().run_results))
+            events.append(len(submit.__self__.runner._cancel_events))  # Prefect's thread pool: one a task run
             yield done
 
     monkeypatch.setattr(flows.scheduler, "FORGET_EVERY", 8)
     monkeypatch.setattr("flows.merge.run_window", watched)
     for flags, tasks in (([], 4), (["--fuse-operations"], 1)):  # the chain: 3 operations + the check
         setup = build(tmp_path / f"{tasks}", str(tmp_path / f"data{tasks}") + "/", shards=shards, rows=5)
-        sizes.clear()
+        sizes.clear(), events.clear()
         code, _, err = run(setup.pipeline, "--output-prefix", setup.output, "--max-inflight", str(window), *flags)
         assert code == 0, err
         assert len(sizes) == shards
@@ -113,3 +114,4 @@ def test_the_driver_keeps_no_links_of_finished_shards(tmp_path, run, monkeypatch
         bound = 4 * (8 + tasks * (window + 1))
         assert max(sizes) <= bound < shards * tasks, (flags, sizes)
         assert sizes[-1] == 0, (flags, sizes)
+        assert max(events) <= tasks * (window + 1), (flags, events)
