@@ -22,7 +22,8 @@ def main(argv: list[str]) -> None:
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
-    uvicorn.run(create_app(final=True), host=args.host, port=args.port, log_level=settings.server.logging_level.lower(),
+    uvicorn.run(create_app(final=True), host=args.host, port=args.port,
+                log_level=settings.server.logging_level.lower(),
                 timeout_keep_alive=settings.server.api.keepalive_timeout)
 
 
