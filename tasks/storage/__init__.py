@@ -157,10 +157,12 @@ def list_prefix(prefix: str) -> Listing:
 
 
 def file_identity(uri: str, opened=None) -> str:
-    """Identity of an object being read (the same string its listing entry gives). On S3 an open s3fs file
-    already holds its HEAD reply (no extra request); locally one stat(). Taken before the data is read, so a
-    concurrent rewrite makes the recorded identity older than the content, never newer: the next run then
-    sees the output as stale, the safe side."""
+    """Identity of an object being read (the same string its listing entry gives), never newer than the data
+    read through `opened` (a file from open_parquet): locally fstat() of the open descriptor (the very file
+    mapped); on S3 the HEAD reply the open s3fs file holds, its reads pinned to that ETag (a replace mid-read
+    fails the read); in memory the info of the copy taken; elsewhere the info taken just before the open. So
+    a concurrent rewrite can make the recorded identity older than the content, never newer: the next run
+    then sees the output as stale, the safe side. Without `opened`, the current identity by path."""
     return backend(uri).identity(uri, opened)
 
 

@@ -14,6 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 TEMP_MARK = ".sidecar-ops-tmp-"
+# Attribute of a file from open_parquet holding the info (listing-like entry) of the version it reads, where
+# the handle cannot tell by itself (Backend.identity reads it).
+READ_INFO = "sidecar_read_info"
 
 # Listing/info fields that change when an object is rewritten, in the order they are recorded.
 IDENTITY_FIELDS = ("ETag", "etag", "md5Hash", "md5", "crc32c", "checksum", "sha256", "generation",
@@ -73,9 +76,13 @@ class Backend:
         return entry_identity(info)
 
     def identity(self, uri: str, opened=None) -> str:
-        """Identity of the object at `uri`, the same string its listing entry gives."""
-        fs, path = self.filesystem(uri)
-        return self.entry_identity(fs.info(path))
+        """Identity of the object at `uri`, the same string its listing entry gives. For a file from
+        open_parquet, the info it carries (READ_INFO), taken no later than its bytes: never a newer version's."""
+        info = getattr(opened, READ_INFO, None)
+        if info is None:
+            fs, path = self.filesystem(uri)
+            info = fs.info(path)
+        return self.entry_identity(info)
 
     def size(self, uri: str, opened) -> int:
         """Size of an object opened with open_parquet."""
@@ -88,7 +95,10 @@ class Backend:
     def open_parquet(self, uri: str, size: int | None = None):
         """A context-managed binary file for pyarrow; `size` is the listed size, when known."""
         fs, path = self.filesystem(uri)
-        return fs.open(path, "rb")
+        info = fs.info(path)  # before the open: whatever the file then reads is this version or a later one
+        f = fs.open(path, "rb")
+        setattr(f, READ_INFO, info)
+        return f
 
     def refusal(self) -> str | None:
         """Why outputs cannot go to this backend, or None when they can."""

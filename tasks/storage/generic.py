@@ -17,7 +17,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.registry import known_implementations, registry
 
-from tasks.storage.backend import Backend
+from tasks.storage.backend import READ_INFO, Backend
 
 try:  # the marker class of filesystems layered over another one (caches); recent fsspec only
     from fsspec.implementations.chained import ChainedFileSystem
@@ -86,6 +86,13 @@ class GenericBackend(Backend):
         self.name = protocol
 
 
+SNAPSHOT_ATTEMPTS = 5
+
+
+class Snapshot(pa.BufferReader):
+    """A BufferReader that can carry the info of the version it holds (READ_INFO)."""
+
+
 class MemoryBackend(GenericBackend):
     """fsspec's in-process `memory` filesystem (one store per process; tests and demos).
 
@@ -100,10 +107,18 @@ class MemoryBackend(GenericBackend):
         super().__init__("memory")
 
     def open_parquet(self, uri: str, size: int | None = None):
-        """A reader over a copy of the stored bytes: open("rb") hands every reader the same BytesIO, whose
-        position concurrent readers would share."""
+        """A reader over a copy of the stored bytes (open("rb") hands every reader the same BytesIO, whose
+        position concurrent readers would share), carrying the info of exactly the version copied: the info
+        is read before and after the copy and the copy retried until both agree (a rewrite makes a new
+        `created`), so the identity can never be newer than the bytes."""
         fs, path = self.filesystem(uri)
-        return pa.BufferReader(fs.cat_file(path))
+        for _ in range(SNAPSHOT_ATTEMPTS):
+            info = fs.info(path)
+            reader = Snapshot(fs.cat_file(path))
+            if fs.info(path) == info:
+                setattr(reader, READ_INFO, info)
+                return reader
+        raise OSError(f"{uri} was rewritten during each of {SNAPSHOT_ATTEMPTS} reads")
 
     def size(self, uri: str, opened) -> int:
         return int(opened.size())

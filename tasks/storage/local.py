@@ -1,7 +1,8 @@
 """Local files: absolute paths, memory-mapped reads, temp file + fsync + rename for atomic writes.
 
-Identity is size + st_mtime_ns. Temp files are named TEMP_MARK + host + pid + random, never *.parquet, so
-`sweep_stale` can tell a dead writer's leftovers from a live one's.
+Identity is size + st_mtime_ns; of a file being read, taken from its open descriptor (never from a file that
+replaced it since). Temp files are named TEMP_MARK + host + pid + random, never *.parquet, so `sweep_stale` can
+tell a dead writer's leftovers from a live one's.
 """
 from __future__ import annotations
 
@@ -72,10 +73,12 @@ class LocalBackend(Backend):
         return [(rel, st.st_size, local_identity(st)) for rel, st in walk(prefix)]
 
     def identity(self, uri: str, opened=None) -> str:
-        return local_identity(os.stat(uri))
+        """From the open handle's descriptor (fstat) when there is one: the file whose bytes are read, even if
+        the path was replaced since it was opened (a stat by path would then name the newer file)."""
+        return local_identity(os.fstat(opened.fileno()) if opened is not None else os.stat(uri))
 
     def size(self, uri: str, opened) -> int:
-        return os.path.getsize(uri)
+        return os.fstat(opened.fileno()).st_size
 
     def open_parquet(self, uri: str, size: int | None = None):
         return pa.memory_map(uri, "r")

@@ -4,7 +4,8 @@ Settings come from the standard AWS environment (AWS_ENDPOINT_URL, AWS_PROFILE, 
 chain, AWS_MAX_ATTEMPTS / AWS_RETRY_MODE for botocore's retries with backoff). A shard is one PUT, or a
 multipart upload that is completed only when every part is in and aborted on any failure, so a failed write
 leaves no partial object and no orphaned upload. Identity is size + ETag, from the listing or the HEAD reply
-an open s3fs file already holds.
+an open s3fs file already holds; that file's reads are pinned to that ETag (If-Match), so the identity recorded
+for a read is the version read, and a replace mid-read is a (transient) read error.
 """
 from __future__ import annotations
 
@@ -69,12 +70,17 @@ class S3Backend(Backend):
                 for path, info in entries.items() if info.get("type") != "directory"]
 
     def identity(self, uri: str, opened=None) -> str:
-        """An open s3fs file already holds its HEAD reply (no extra request); otherwise one HEAD. A file
-        opened with a listed size holds no ETag (see open_parquet), so it costs the HEAD after all."""
+        """An open s3fs file already holds its HEAD reply (no extra request), and s3fs sends every ranged GET
+        of that file with `If-Match: <that ETag>`: a replace after the open fails the read (412, FileExpired,
+        a transient error) rather than return another version's bytes, so the identity is exactly the data's.
+        A file opened with a listed size holds no ETag and no pin (see open_parquet): it costs one HEAD here,
+        and its reads from then on are pinned to that ETag."""
         fs, path = self.filesystem(uri)
         details = opened.details if opened is not None else None
         if not details or not (details.get("ETag") or details.get("etag")):
             details = fs.info(path)
+            if opened is not None:
+                pin(opened, details)
         return s3_identity(details)
 
     def size(self, uri: str, opened) -> int:
@@ -143,6 +149,15 @@ class S3Backend(Backend):
         except OSError:
             return None  # cannot tell; let the listing's own answer stand
         return f"bucket {bucket!r} does not exist; create it or choose another --output-prefix"
+
+
+def pin(opened, details: dict) -> None:
+    """Make an open s3fs file read only the version `details` (a HEAD reply) describes, as s3fs does itself
+    for a file opened without a size: If-Match on every ranged GET, or, where the store ignores If-Match
+    (`local_expiry_check`), s3fs's own comparison of each reply's ETag with `details`."""
+    opened.details = details
+    if not getattr(opened.fs, "local_expiry_check", False):
+        opened.read_kw = {**getattr(opened, "read_kw", {}), "IfMatch": details["ETag"]}
 
 
 def abort_upload(fs, bucket: str, key: str, upload: str) -> None:
