@@ -86,11 +86,17 @@ def merge_step(job: Job, relpath: str, index: int, state: ShardState | None = No
     return write_unless_cached(job, relpath, state)
 
 
-def write_unless_cached(job: Job, relpath: str, state: ShardState):
-    """The written output's stats, or a Completed state named Cached when a retry finds it already written."""
-    if (stats := cached_output(job, relpath, state)) is not None:
-        return Completed(name="Cached", message="output shard already made from these inputs", data=stats)
-    return merge.write_output(job, relpath, state)
+def write_unless_cached(job: Job, relpath: str, state: ShardState, check=None):
+    """The written output's stats, or a Completed state named Cached when a retry finds it already written.
+    `check(job, relpath, stats)`, when given, is the post-write check: it runs on the output returned, the
+    found one as well as a freshly written one (an earlier attempt's check may have failed on that output)."""
+    found = cached_output(job, relpath, state)
+    stats = found or merge.write_output(job, relpath, state)
+    if check is not None:
+        stats = check(job, relpath, stats)
+    if found is None:
+        return stats
+    return Completed(name="Cached", message="output shard already made from these inputs", data=stats)
 
 
 @task(name="verify-shard", task_run_name="verify {relpath}", **SHARD_TASK)
@@ -105,7 +111,4 @@ def fused_shard(job: Job, relpath: str) -> ShardStats:
     state = merge.read_base(job, relpath)
     for index in range(len(job.pipeline.operations)):
         state = merge.apply_step(job, relpath, index, state)
-    written = write_unless_cached(job, relpath, state)
-    if not isinstance(written, ShardStats):
-        return written  # the Cached state: the output is already made from these inputs
-    return merge.verify_output(job, relpath, written)
+    return write_unless_cached(job, relpath, state, check=merge.verify_output)

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 
 from core_fixtures import build, read_meta, read_table, swap_rows_fn
 from test_flow_local import REL, SHARDS, assert_clean, assert_output_equals_inputs, summary_counts
 
+from tasks import merge
+from tasks.errors import ShardError
 from tasks.merge import PROVENANCE_KEY
 
 PER_RUN = ("run_id", "written_at")  # provenance fields that differ between any two runs
@@ -115,3 +118,41 @@ def test_the_driver_keeps_no_links_of_finished_shards(tmp_path, run, monkeypatch
         assert max(sizes) <= bound < shards * tasks, (flags, sizes)
         assert sizes[-1] == 0, (flags, sizes)
         assert max(events) <= tasks * (window + 1), (flags, events)
+
+
+def fail_check_once(monkeypatch, relpath: str, then_broken: bool = False) -> Counter:
+    """merge.verify_output fails with a transient error on `relpath`'s first call; with `then_broken`, its later
+    calls fail as a check of a bad output would (permanent). Other shards' checks run unchanged. Call counts."""
+    real, calls = merge.verify_output, Counter()
+
+    def check(job, rel, stats):
+        calls[rel] += 1
+        if rel == relpath and calls[rel] == 1:
+            raise ShardError(f"injected: connection reset verifying {rel}", transient=True)
+        if rel == relpath and then_broken:
+            raise ShardError(f"injected: key column of {rel} differs from the base")
+        return real(job, rel, stats)
+
+    monkeypatch.setattr(merge, "verify_output", check)
+    return calls
+
+
+def test_fused_retry_runs_the_post_write_check_on_the_output_it_returns(tmp_path, monkeypatch, run):
+    """Issue 18, seen case 8: the retry finds the output written by the first attempt; it must check it again
+    (as the chain's verify task does), not end as Cached on the strength of the footer alone."""
+    setup = build(tmp_path, str(tmp_path / "data") + "/", shards=SHARDS)
+    calls = fail_check_once(monkeypatch, REL[0])
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--fuse-operations", "--retries", "1")
+    assert code == 0, out + err
+    assert summary_counts(out) == (4, 4, 0, 0)
+    assert calls == Counter({REL[0]: 2, **{rel: 1 for rel in REL[1:]}}), calls
+
+
+def test_fused_retry_whose_check_fails_fails_the_shard(tmp_path, monkeypatch, run):
+    setup = build(tmp_path, str(tmp_path / "data") + "/", shards=SHARDS)
+    calls = fail_check_once(monkeypatch, REL[0], then_broken=True)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--fuse-operations", "--retries", "1")
+    assert code == 1, out + err
+    assert summary_counts(out + err) == (4, 3, 0, 1)
+    assert f"FAILED {REL[0]}: injected: key column of {REL[0]} differs from the base" in out + err
+    assert calls[REL[0]] == 2
