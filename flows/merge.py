@@ -99,7 +99,7 @@ def merge(config: RunConfig) -> Summary:
         logger.info("removed %d leftover temp file(s)/upload(s) of killed writers under %s", swept,
                     config.output_prefix)
     summary = Summary(config.output_prefix, total=len(plan.shards), skipped=len(plan.complete),
-                      stale=len(plan.stale))
+                      stale_shards=[rel for rel, _ in plan.stale])
     log_plan(logger, plan, summary)
     progress = Progress("merge", summary.total)
     progress.update(skipped=summary.skipped)

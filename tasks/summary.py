@@ -1,7 +1,8 @@
 """The end-of-run summary: counts, rows, bytes, wall time and one line per failed shard."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import InitVar, asdict, dataclass, field
 
 FAILED_LINES = 20
 
@@ -12,16 +13,27 @@ class Summary:
     total: int = 0
     merged: int = 0
     skipped: int = 0
-    stale: int = 0  # existing outputs recomputed because their inputs changed (counted in merged/failed too)
+    stale: int = 0  # existing outputs made from other inputs, to recompute (counted in merged/failed too)
+    stale_recomputed: int = 0  # of those, recomputed (the others failed or never ran: old outputs remain)
+    stale_shards: InitVar[Iterable[str]] = ()  # the relpaths of the stale outputs (the plan's)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (relpath, one-line error)
     rows: int = 0
     bytes: int = 0
     ops_skipped: int = 0  # operations with `required: false` whose sibling was missing
     seconds: float = 0.0
 
+    def __post_init__(self, stale_shards: Iterable[str]) -> None:
+        self._stale = frozenset(stale_shards)
+        self.stale = self.stale or len(self._stale)
+
     @property
     def ok(self) -> bool:
         return not self.failed
+
+    @property
+    def stale_failed(self) -> int:
+        """Stale outputs whose recompute failed: the old output is still there, and not current."""
+        return sum(rel in self._stale for rel, _ in self.failed)
 
     @property
     def finished(self) -> int:
@@ -31,6 +43,7 @@ class Summary:
     def add(self, stats) -> None:
         """Count one merged shard (its ShardStats)."""
         self.merged += 1
+        self.stale_recomputed += stats.relpath in self._stale
         self.rows += stats.rows
         self.bytes += stats.bytes
         self.ops_skipped += stats.skipped_ops
@@ -43,14 +56,29 @@ class Summary:
                f"rows merged: {self.rows:,}  bytes written: {self.bytes:,}  wall time: {self.seconds:.1f}s  "
                f"({rate:,.0f} rows/s)"]
         if self.stale:
-            out.append(f"stale outputs recomputed (inputs changed since they were written): {self.stale}")
+            out.append(f"stale outputs (inputs changed since they were written): {self.stale} "
+                       f"({self.stale_outcome()})")
         if self.ops_skipped:
             out.append(f"operations skipped for missing siblings (required: false): {self.ops_skipped}")
         for rel, message in self.failed[:FAILED_LINES]:
-            out.append(f"FAILED {rel}: {message}")
+            kept = " (its stale old output remains, not current)" if rel in self._stale else ""
+            out.append(f"FAILED {rel}{kept}: {message}")
         if len(self.failed) > FAILED_LINES:
             out.append(f"... and {len(self.failed) - FAILED_LINES} more failed shards")
         return out
+
+    def stale_outcome(self) -> str:
+        """What became of the stale outputs: recomputed, failed or never started (old outputs remain)."""
+        failed = self.stale_failed
+        untouched = self.stale - self.stale_recomputed - failed
+        parts = [f"{self.stale_recomputed} recomputed"]
+        parts += [f"{failed} failed"] if failed else []
+        parts += [f"{untouched} not started"] if untouched else []
+        left = failed + untouched
+        if not left:
+            return parts[0]
+        remain = "its old output remains and is" if left == 1 else "their old outputs remain and are"
+        return f"{', '.join(parts)}: {remain} not current"
 
     def to_dict(self) -> dict:
         return asdict(self)

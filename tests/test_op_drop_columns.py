@@ -202,7 +202,7 @@ def test_flow_merges_resumes_and_verifies(tmp_path, root, cli, prefect_api):
         assert code == 0, out + err
         assert re.search(rf"shards: {SHARDS} total, 0 merged, {SHARDS} skipped", out), out
         code, out, err = cli("verify", setup.pipeline, "--output-prefix", setup.output, "--json", tmp_path / "r.json")
-        assert code == 0 and "verify: PASS (all 11 checks)" in out, out + err
+        assert code == 0 and "verify: PASS (all 12 checks)" in out, out + err
         schema = json.loads((REPO / "docs" / "verify-report.schema.json").read_text())
         report = json.loads((tmp_path / "r.json").read_text())
         jsonschema.validate(report, schema, cls=jsonschema.Draft202012Validator)

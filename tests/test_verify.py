@@ -295,7 +295,7 @@ def test_cli_pass_prints_table_and_valid_json(merged, cli, prefect_api, tmp_path
     pipeline, out = merged
     code, stdout, stderr = cli("verify", pipeline, "--output-prefix", out, "--json", tmp_path / "r.json")
     assert code == 0, stdout + stderr
-    for line in ("output shard set        PASS", "merged columns          PASS", "verify: PASS (all 11 checks)"):
+    for line in ("output shard set        PASS", "merged columns          PASS", "verify: PASS (all 12 checks)"):
         assert line in stdout
     assert "dqm_d1_v6_1" in stdout and "score statistics over 4 sampled shards" in stdout
     data = validate_json(tmp_path / "r.json")
@@ -311,7 +311,7 @@ def test_cli_failure_names_shard_and_check(merged, cli, prefect_api, tmp_path):
     assert code == 1
     assert "output shard set        FAIL" in stdout and f"    {rel}: output shard missing" in stdout
     assert "stray objects           FAIL" in stdout and "    _SUCCESS:" in stdout
-    assert "verify: FAIL (2 of 11 checks failed: output shard set, stray objects)" in stdout
+    assert "verify: FAIL (2 of 12 checks failed: output shard set, stray objects)" in stdout
     assert "Traceback" not in stderr
     data = validate_json(tmp_path / "r.json")
     assert data["ok"] is False

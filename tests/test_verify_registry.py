@@ -11,6 +11,7 @@ from tasks import report as render
 from tasks.verify import registry
 from tasks.verify.checks import (
     BASE,
+    INPUTS,
     KEYS,
     MERGED,
     PROVENANCE,
@@ -45,8 +46,8 @@ def test_committed_schema_is_generated_from_the_registry():
 
 def test_report_order_expands_per_operation_checks_only_for_contributing_operations():
     names = [name for name, _, _ in report_order([Op("siblings"), Op(), Op("siblings")], None)]
-    assert names == [SHARD_SET, STRAYS, siblings_check(0), siblings_check(2), ROWS, SCHEMA, PROVENANCE, BASE,
-                     KEYS, MERGED]
+    assert names == [SHARD_SET, STRAYS, siblings_check(0), siblings_check(2), ROWS, SCHEMA, PROVENANCE, INPUTS,
+                     BASE, KEYS, MERGED]
 
 
 def check_doc(name: str, stage: str = "listing") -> dict:

@@ -11,6 +11,7 @@ Score statistics cover the sampled shards, or every output shard with `all_shard
 """
 from tasks.verify.checks import (
                                  BASE,
+                                 INPUTS,
                                  KEYS,
                                  MERGED,
                                  PROVENANCE,
@@ -25,6 +26,6 @@ from tasks.verify.driver import Report, choose_sample, verify
 from tasks.verify.registry import REGISTRY, Check, Failure
 from tasks.verify.values import Runner, ShardResult, ShardTask, check_locally, check_shard
 
-__all__ = ["BASE", "KEYS", "MERGED", "PROVENANCE", "REGISTRY", "ROWS", "SCHEMA", "SHARD_SET", "STRAYS", "Check",
-           "Failure", "Report", "Runner", "ShardResult", "ShardTask", "check_locally", "check_shard",
+__all__ = ["BASE", "INPUTS", "KEYS", "MERGED", "PROVENANCE", "REGISTRY", "ROWS", "SCHEMA", "SHARD_SET", "STRAYS",
+           "Check", "Failure", "Report", "Runner", "ShardResult", "ShardTask", "check_locally", "check_shard",
            "choose_sample", "compare", "siblings_check", "verify"]

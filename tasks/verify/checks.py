@@ -4,12 +4,14 @@ and per-operation checks through Operation.verify_checks."""
 from __future__ import annotations
 
 from tasks import storage
+from tasks.merge import shard_key
 from tasks.ops.base import FAILED, SIBLINGS, SKIPPED
+from tasks.plan import changed_inputs
 from tasks.verify.footers import expected_layout
 from tasks.verify.registry import register
 
 SHARD_SET, STRAYS, SIBLINGS_OF = "output shard set", "stray objects", "operations[{index}] siblings"
-ROWS, SCHEMA, PROVENANCE = "row counts", "schema", "provenance"
+ROWS, SCHEMA, PROVENANCE, INPUTS = "row counts", "schema", "provenance", "current inputs"
 BASE, KEYS, MERGED = "base columns", "key columns", "merged columns"  # BASE also takes unreadable data
 
 
@@ -111,6 +113,18 @@ def provenance(job, footers) -> list[str]:
                 f"{job.fingerprint}"]
     if footers.records is None:
         return ["provenance does not record one entry per operation"]
+    return []
+
+
+@register(INPUTS, "footer", "shards", "each output was made from the base and sibling shards listed now: the "
+          "input key it recorded equals the key of their current identities (else it is stale)")
+def current_inputs(job, footers) -> list[str]:
+    prov = footers.provenance
+    if prov is None or prov.get("fingerprint") != job.fingerprint or footers.inputs is None:
+        return []  # no provenance or another pipeline's: the provenance check says so
+    if prov.get("input_key") != shard_key(job.fingerprint, footers.relpath, footers.inputs):
+        return [f"stale: {changed_inputs(prov.get('inputs'), footers.inputs)} since it was written (the same "
+                "comparison a run's plan makes); rerun the merge to recompute it"]
     return []
 
 

@@ -67,11 +67,12 @@ def choose_sample(shards: list[str], n: int, seed: int) -> list[str]:
     return sorted(random.Random(seed).sample(sorted(shards), n))
 
 
-def read_all_footers(job: Job, present: list[str], specs, scope: set[str], stream) -> dict[str, FooterFacts]:
+def read_all_footers(plan: Plan, present: list[str], specs, scope: set[str], stream) -> dict[str, FooterFacts]:
     facts: dict[str, FooterFacts] = {}
     progress = Progress("verify footers", len(present), stream=stream)
     with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-        futures = [pool.submit(read_footers, job, rel, specs, rel in scope, ROWS) for rel in present]
+        futures = [pool.submit(read_footers, plan.job, rel, specs, rel in scope, ROWS, plan.inputs(rel))
+                   for rel in present]
         for future in as_completed(futures):
             fact = future.result()
             facts[fact.relpath] = fact
@@ -91,7 +92,7 @@ def verify(job: Job, samples: int = 50, seed: int = 0, all_shards: bool = False,
     sample = choose_sample(present, samples, seed)
     scope = present if all_shards else sample
     specs = stat_specs(pipe.dataset)
-    ctx = Context(job, plan, present, read_all_footers(job, present, specs, set(scope), stream))
+    ctx = Context(job, plan, present, read_all_footers(plan, present, specs, set(scope), stream))
 
     ranges: dict = {}
     for rel in scope:

@@ -69,6 +69,7 @@ class Footers:
     out: pa.Schema
     provenance: dict | None
     records: tuple[OpRecord, ...] | None
+    inputs: dict | None = None  # identities of the shard's inputs as listed now (Plan.inputs)
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,9 @@ class FooterFacts:
 
 
 def read_footers(job: Job, relpath: str, specs: tuple[StatSpec, ...], want_ranges: bool,
-                 unreadable: str) -> FooterFacts:
-    """Read both footers and run every footer check; an unreadable footer is one problem of check `unreadable`."""
+                 unreadable: str, inputs: dict | None = None) -> FooterFacts:
+    """Read both footers and run every footer check; an unreadable footer is one problem of check `unreadable`.
+    `inputs`: the identities of the shard's inputs as listed now, for the check that the output is current."""
     image = job.pipeline.dataset.image_column
     try:
         base_meta = storage.read_footer(job.base_uri(relpath))
@@ -100,7 +102,8 @@ def read_footers(job: Job, relpath: str, specs: tuple[StatSpec, ...], want_range
                            ((unreadable, f"output footer unreadable: {one_line(exc)}"),), None)
     prov = read_provenance(out_meta)
     records = op_records(prov, len(job.pipeline.operations))
-    footers = Footers(relpath, base_meta.num_rows, out_meta.num_rows, base_schema, out_schema, prov, records)
+    footers = Footers(relpath, base_meta.num_rows, out_meta.num_rows, base_schema, out_schema, prov, records,
+                      inputs)
     problems = tuple((check.name, line) for check in of_stage("footer") for line in check.run(job, footers))
     ranges = footer_ranges(out_meta, specs) if want_ranges else {}
     return FooterFacts(relpath, base_meta.num_rows, out_meta.num_rows, problems, records, ranges)
