@@ -68,12 +68,12 @@ class Summary:
         return out
 
     def stale_outcome(self) -> str:
-        """What became of the stale outputs: recomputed, failed or never started (old outputs remain)."""
+        """What became of the stale outputs: recomputed, failed or unfinished (old outputs remain)."""
         failed = self.stale_failed
         untouched = self.stale - self.stale_recomputed - failed
         parts = [f"{self.stale_recomputed} recomputed"]
         parts += [f"{failed} failed"] if failed else []
-        parts += [f"{untouched} not started"] if untouched else []
+        parts += [f"{untouched} unfinished"] if untouched else []  # not started, or abandoned in flight
         left = failed + untouched
         if not left:
             return parts[0]
