@@ -6,24 +6,34 @@ about 11 KB per task run, forever). The file starts as a copy of a template: an 
 migrated by this Prefect version, with its block types registered, so no run pays migrations (seconds). The
 template comes from the dump this package ships for its pinned Prefect (`flows/templates/`, rebuilt by
 `python -m flows.rundb`), or, for another Prefect version, from the first run's server, saved right after it
-migrated a new database. Files of runs that were killed are removed by the next run on the same host.
+migrated a new database. Before each run the template is checked (a few ms: an SQLite file that passes
+`PRAGMA quick_check`, with the tables and the migration revision the installed Prefect expects); a damaged or
+foreign one is rebuilt, or dropped for the server to migrate anew. Files of runs that were killed are removed
+by the next run on the same host, when they can be.
 """
 from __future__ import annotations
 
 import asyncio
 import gzip
 import os
+import re
 import shutil
+import sys
 import socket
 import sqlite3
 import uuid
-from contextlib import closing
+from contextlib import closing, suppress
+from dataclasses import dataclass
 from importlib.metadata import version
+from importlib.util import find_spec
 from pathlib import Path
 
 FOLDER = "sidecar-ops"
 SHIPPED = Path(__file__).resolve().parent / "templates"
 SUFFIXES = ("", "-wal", "-shm", "-journal")
+# Without a shipped dump to compare with: tables no run of this tool can do without.
+CORE_TABLES = frozenset({"alembic_version", "flow", "flow_run", "flow_run_state", "task_run",
+                         "task_run_state", "log", "artifact", "block_type", "block_schema", "block_document"})
 
 
 def _alive(pid: int) -> bool:
@@ -42,10 +52,9 @@ class RunDatabase:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.template = self.folder / f"template-prefect-{version('prefect')}.db"
         self.path = self.folder / f"run-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.db"
+        self.path.touch()  # the first write: an unwritable folder fails here (OSError), before anything else
         self.sweep()
-        if not self.template.exists():
-            self.unpack_shipped()
-        self.from_template = self.template.exists()
+        self.from_template = self.ready_template()
         if self.from_template:
             shutil.copyfile(self.template, self.path)
 
@@ -64,27 +73,91 @@ class RunDatabase:
             target.execute("PRAGMA journal_mode=DELETE")  # one self-contained file (the server turns WAL on again)
         os.replace(temp, self.template)
 
-    def unpack_shipped(self) -> None:
-        """The template from the dump shipped for this Prefect version, if there is one."""
+    def ready_template(self) -> bool:
+        """Whether a sound template is there to copy: the one found, or one rebuilt from the shipped dump in
+        place of a damaged or foreign one. Without a dump a bad template is dropped (the server migrates)."""
         dump = shipped_dump()
-        if not dump.exists():
-            return
+        script = gzip.decompress(dump.read_bytes()).decode() if dump.exists() else None
+        if self.template.exists():
+            problem = template_problem(self.template, Expected.of(script))
+            if problem is None:
+                return True
+            print(f"note: rebuilding {self.template}: {problem}", file=sys.stderr)
+        if script is None:
+            self.template.unlink(missing_ok=True)
+            return False
         temp = self.folder / f".template-{uuid.uuid4().hex}.db"
         with closing(sqlite3.connect(temp)) as con:
-            con.executescript(gzip.decompress(dump.read_bytes()).decode())
+            con.executescript(script)
         os.replace(temp, self.template)
+        return True
 
     def remove(self) -> None:
+        """Best effort: a file that cannot be removed now is the next run's sweep's."""
         for suffix in SUFFIXES:
-            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            with suppress(OSError):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
 
     def sweep(self) -> None:
-        """Remove the databases of this host's runs whose process is gone (killed before they cleaned up)."""
+        """Remove the databases of this host's runs whose process is gone (killed before they cleaned up); one
+        that cannot be removed (a read-only file system, another user's file) is left, and the run goes on."""
         host = socket.gethostname()
         for path in self.folder.glob(f"run-{host}-*.db*"):
             pid = path.name[len(f"run-{host}-"):].split("-", 1)[0]
             if pid.isdigit() and not _alive(int(pid)):
-                path.unlink(missing_ok=True)
+                with suppress(OSError):
+                    path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a template for the installed Prefect holds: its tables and migration revision (None: unknown)."""
+    tables: frozenset[str]
+    revision: str | None
+
+    @classmethod
+    def of(cls, script: str | None) -> Expected:
+        """From the shipped dump's SQL when there is one, else Prefect's own migration scripts."""
+        if script is None:
+            return cls(CORE_TABLES, migrations_head())
+        tables = frozenset(re.findall(r'^CREATE TABLE "?(\w+)', script, re.MULTILINE))
+        found = re.search(r"""^INSERT INTO "?alembic_version"? VALUES\('(\w+)'\)""", script, re.MULTILINE)
+        return cls(tables, found.group(1) if found else None)
+
+
+def template_problem(path: Path, expected: Expected) -> str | None:
+    """Why the template at `path` cannot serve this Prefect, or None. Read-only; a few ms for Prefect 3.9."""
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as con:
+            check = con.execute("PRAGMA quick_check").fetchall()
+            if check != [("ok",)]:
+                return f"damaged database ({check[0][0]})"
+            tables = {name for (name,) in con.execute("select name from sqlite_master where type = 'table'")}
+            if expected.tables - tables:
+                return f"tables missing: {', '.join(sorted(expected.tables - tables))}"
+            revisions = [rev for (rev,) in con.execute("select version_num from alembic_version")]
+    except sqlite3.Error as exc:
+        return str(exc)
+    if expected.revision is not None and revisions != [expected.revision]:
+        return (f"migration revision {', '.join(revisions) or 'none'}, Prefect {version('prefect')} expects "
+                f"{expected.revision}")
+    return None
+
+
+def migrations_head() -> str | None:
+    """The newest SQLite migration revision of the installed Prefect, read from its migration scripts without
+    importing Prefect (their layout is Prefect's internal: None when it is not found)."""
+    spec = find_spec("prefect")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(spec.submodule_search_locations[0]) / "server/database/_migrations/versions/sqlite"
+    revisions, parents = set(), set()
+    for script in folder.glob("*.py"):
+        text = script.read_text()
+        revisions.update(re.findall(r'^revision = "(\w+)"', text, re.MULTILINE))
+        parents.update(re.findall(r'^down_revision = "(\w+)"', text, re.MULTILINE))
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 else None
 
 
 def shipped_dump() -> Path:

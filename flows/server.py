@@ -8,6 +8,11 @@ none starts a temporary server of its own. The server listens on loopback, or, w
 reach it, on the address they know this host by; it is then protected by a random per-run credential (Prefect's
 API auth string) that only the run's own settings carry: never printed, never in the environment of a Ray job,
 an output or a Prefect record.
+
+The run talks only to its own server: the port is bound here and the bound socket handed to the server
+process (nothing can take the port between its choice and the server's start), and the health check asks
+the server for a random per-run identity only it was given. An unwritable PREFECT_HOME is a ConfigError
+(exit 2) naming the directory and the two fixes, raised before the server starts and anything is written.
 """
 from __future__ import annotations
 
@@ -19,10 +24,13 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
+from flows.apiserver import IDENTITY_ENV, IDENTITY_PATH
 from flows.rundb import RunDatabase
+from tasks.errors import ConfigError
 
 # Measured: the default recorder (batches of 1) saturates near 20 task runs/s on one core; 100 keeps up.
 SERVER_TUNING = {
@@ -43,9 +51,18 @@ LOG_LIMIT = 10 * 2**20  # bytes of the server log kept under PREFECT_HOME before
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now (for others' servers, e.g. tests'); a run's own server gets `bound_socket`."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def bound_socket(host: str) -> socket.socket:
+    """A socket bound to a free port of `host`, for the run's server process to inherit and listen on: the
+    port stays held from the moment it is chosen (no SO_REUSEADDR: no other socket can bind it meanwhile)."""
+    sock = socket.socket()
+    sock.bind((host, 0))
+    return sock
 
 
 def healthy(url: str, timeout: float = 2.0) -> bool:
@@ -54,6 +71,23 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
             return resp.status == 200
     except OSError:
         return False
+
+
+def identity_at(url: str, timeout: float = 2.0) -> str | None:
+    """The identity the server at `url` (an API URL, ".../api") was started with; None while nothing answers
+    there; "" when something answers without one (not a run's server)."""
+    try:
+        with urllib.request.urlopen(f"{url.removesuffix('/api')}{IDENTITY_PATH}", timeout=timeout) as resp:
+            return resp.read().decode() if resp.status == 200 else ""
+    except urllib.error.HTTPError:
+        return ""
+    except OSError:
+        return None
+
+
+def unwritable(home: Path, exc: OSError) -> str:
+    return (f"PREFECT_HOME {home} is not writable ({exc.strerror or exc}): set PREFECT_HOME to a writable "
+            "directory, or PREFECT_API_URL to a running Prefect server")
 
 
 def _die_with_parent() -> None:
@@ -90,7 +124,15 @@ def prefect_api(ui: bool = False, while_starting=None, host: str = "127.0.0.1", 
     if os.environ.get("PREFECT_API_URL"):  # the usual way to name a server; no need to import Prefect to see it
         yield os.environ["PREFECT_API_URL"]
         return
-    server = RunServer(host, ui, keep_history)
+    try:
+        server = RunServer(host, ui, keep_history)
+    except ConfigError:  # PREFECT_HOME unwritable: fine if a Prefect profile names a server after all
+        if not configured_api():
+            raise
+        server = None
+    if server is None:
+        yield configured_api()
+        return
     try:
         configured = configured_api()  # a Prefect profile or settings file may name a server as well
         if configured:
@@ -122,33 +164,49 @@ class RunServer:
     """A Prefect server process for one run (flows/apiserver.py), on a free port of `host`, with its database."""
 
     def __init__(self, host: str, ui: bool, keep_history: bool):
-        port = free_port(host)
-        self.url = f"http://{host}:{port}/api"
         protect = host != "127.0.0.1"
         self.auth = f"sidecar-ops:{secrets.token_urlsafe(32)}" if protect else None
+        self.identity = secrets.token_urlsafe(16)
+        env = {**os.environ, **SERVER_TUNING, "PREFECT_SERVER_UI_ENABLED": str(ui).lower(),
+               "PREFECT_UI_ENABLED": str(ui).lower(), IDENTITY_ENV: self.identity}
+        env.pop("PREFECT_API_URL", None)
         home = prefect_home()
+        own_db = not keep_history and not env.get("PREFECT_API_DATABASE_CONNECTION_URL")
+        try:  # every write to PREFECT_HOME before the server starts
+            log = self.prepare_home(home, own_db)
+        except OSError as exc:
+            raise ConfigError(unwritable(home, exc)) from None
+        with log, bound_socket(host) as sock:  # the server process keeps its own copies
+            port = sock.getsockname()[1]
+            self.url = f"http://{host}:{port}/api"
+            if ui:  # the UI asks the API at 127.0.0.1:4200 unless told where it is
+                env["PREFECT_UI_API_URL"] = self.url
+            if self.auth:
+                env["PREFECT_SERVER_API_AUTH_STRING"] = self.auth  # the environment, never the command line
+            if self.db is not None:
+                env["PREFECT_API_DATABASE_CONNECTION_URL"] = self.db.url
+                if self.db.from_template:  # already migrated, block types registered: skip both (about a second)
+                    env.update(PREFECT_API_DATABASE_MIGRATE_ON_START="false",
+                               PREFECT_API_BLOCKS_REGISTER_ON_START="false")
+            self.kept_db = env.get("PREFECT_API_DATABASE_CONNECTION_URL") or f"{home / 'prefect.db'} (kept)"
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "flows.apiserver", "--host", host, "--port", str(port),
+                 "--fd", str(sock.fileno())], pass_fds=(sock.fileno(),), stdout=log, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True, preexec_fn=_die_with_parent)
+
+    def prepare_home(self, home: Path, own_db: bool):
+        """The server's log (returned open) and database under `home`; OSError when it cannot be written."""
         home.mkdir(parents=True, exist_ok=True)
         self.log_path = home / "sidecar-ops-server.log"
         if self.log_path.exists() and self.log_path.stat().st_size > LOG_LIMIT:
             os.replace(self.log_path, self.log_path.with_suffix(".log.1"))  # one older generation: bounded
-        env = {**os.environ, **SERVER_TUNING, "PREFECT_SERVER_UI_ENABLED": str(ui).lower(),
-               "PREFECT_UI_ENABLED": str(ui).lower()}
-        env.pop("PREFECT_API_URL", None)
-        if ui:  # the UI asks the API at 127.0.0.1:4200 unless told where it is
-            env["PREFECT_UI_API_URL"] = self.url
-        if self.auth:
-            env["PREFECT_SERVER_API_AUTH_STRING"] = self.auth  # the environment, never the command line
-        own_db = not keep_history and not env.get("PREFECT_API_DATABASE_CONNECTION_URL")
-        self.db = RunDatabase(home) if own_db else None
-        if self.db is not None:
-            env["PREFECT_API_DATABASE_CONNECTION_URL"] = self.db.url
-            if self.db.from_template:  # already migrated, block types registered: skip both (about a second)
-                env.update(PREFECT_API_DATABASE_MIGRATE_ON_START="false", PREFECT_API_BLOCKS_REGISTER_ON_START="false")
-        self.kept_db = env.get("PREFECT_API_DATABASE_CONNECTION_URL") or f"{home / 'prefect.db'} (kept)"
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "flows.apiserver", "--host", host, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        log = open(self.log_path, "ab")
+        try:
+            self.db = RunDatabase(home) if own_db else None
+        except BaseException:
+            log.close()
+            raise
+        return log
 
     def where(self) -> str:
         if self.db is None:
@@ -157,7 +215,7 @@ class RunServer:
 
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
-        while not healthy(self.url):
+        while not self.answers():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"local Prefect server exited with {self.proc.returncode}; see {self.log_path}")
             if time.monotonic() > deadline:
@@ -166,6 +224,14 @@ class RunServer:
             time.sleep(0.05)
         if self.db is not None:
             self.db.save_template()
+
+    def answers(self) -> bool:
+        """Whether this run's own server answers at its URL (any other server there is an error)."""
+        identity = identity_at(self.url)
+        if identity is not None and identity != self.identity:
+            raise RuntimeError(f"{self.url} is answered by a server this run did not start; "
+                               f"see {self.log_path}")
+        return identity == self.identity and healthy(self.url)
 
     def stop(self) -> None:
         # A database removed right after needs no orderly shutdown (uvicorn's takes ~0.2 s); a kept one does.
