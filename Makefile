@@ -1,10 +1,11 @@
-# Quickstart: `make demo` (install, build the demo dataset, dry-run, merge, verify) and `make test`.
+# Quickstart: `make demo` (install, build the demo dataset, dry-run, merge, verify) and `make test` (the fast
+# tier, ~3 minutes: no Ray, no servers of its own, no PostgreSQL, no browser); `make test-all` is everything (CI).
 # The venv gets the test and benchmark extras (pytest, moto, hypothesis; duckdb and pandas as benchmark peers).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install bench clean
+.PHONY: demo test test-all install bench clean
 
 $(BIN)/sidecar-ops: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +19,9 @@ demo: install
 	$(BIN)/sidecar-ops demo
 
 test: install
+	$(BIN)/pytest -q -m fast
+
+test-all: install
 	$(BIN)/pytest -q
 
 bench: install

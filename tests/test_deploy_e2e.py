@@ -21,6 +21,8 @@ import pytest
 
 from tasks.demo import make_dataset, relpaths
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 POOL = "sidecar-ops-local"          # the process work pool named in deploy/prefect.yaml

@@ -25,7 +25,7 @@ from ray_fixtures import TAG, kill_tagged, new_tag, tagged
 from tasks import storage
 from tasks.demo import relpaths
 
-pytestmark = pytest.mark.skipif(can_build() is not None, reason=str(can_build()))
+pytestmark = [pytest.mark.cluster, pytest.mark.skipif(can_build() is not None, reason=str(can_build()))]
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDS, ROWS = 16, 2000

@@ -23,6 +23,8 @@ from ray_fixtures import driver_env, kill_tagged, new_tag, no_errors, run
 from test_deploy_e2e import ROOT
 from tasks.demo import relpaths
 
+pytestmark = pytest.mark.postgres
+
 SHARDS, ROWS = 1000, 20
 RAY_SHARDS = 300              # --use-ray: local Ray's start plus ~30 ms per task run on a loaded 2-core box
 STEPS = 4                     # three_ops (dqm, aes, watermark with one gap) + verify, one task run each per shard

@@ -25,7 +25,9 @@ from ray_fixtures import driver_env, finish, kill_tagged, new_tag, no_errors, st
 
 from flows.server import free_port, healthy, stop
 from tasks.demo import relpaths
-from tasks.merge import PROVENANCE_KEY
+from tasks.merge import PER_RUN_FIELDS, PROVENANCE_KEY
+
+pytestmark = pytest.mark.ray
 
 SHARDS = 6
 OPS = 3
@@ -165,7 +167,7 @@ def footer(uri: str) -> tuple:
     schema = meta.schema.to_arrow_schema()
     kv = dict(schema.metadata or {})
     prov = json.loads(kv.pop(PROVENANCE_KEY))
-    assert prov.pop("written_at") and prov.pop("run_id")  # per run; everything else must be equal
+    assert all([prov.pop(name) for name in PER_RUN_FIELDS])  # per run; everything else must be equal
     groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     return schema.remove_metadata(), kv, prov, groups
 

@@ -36,6 +36,8 @@ from tasks.demo import relpaths
 from tasks.merge import Job
 from tasks.verify import verify
 
+pytestmark = pytest.mark.ray
+
 COLUMNS = [("dqm", "dqm_d1_v6_1"), ("aes", "ernie_image_aes"), ("watermark", "watermark")]
 
 

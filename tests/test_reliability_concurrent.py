@@ -20,6 +20,8 @@ from faultproxy import FaultProxy
 from reliability_fixtures import REPO, assert_output_verifies, cli_command, cli_env, make_demo
 from tasks import merge, storage
 
+pytestmark = pytest.mark.slow
+
 SHARDS = 12
 
 

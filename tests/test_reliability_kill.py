@@ -21,6 +21,8 @@ from reliability_fixtures import (REPO, allow_small_parts, assert_no_partial_sha
                                   cli_command, cli_env, make_demo, pending_uploads, run_cli)
 from tasks import storage
 
+pytestmark = pytest.mark.slow
+
 KILLS = 5
 SHARDS = 60
 ROWS = 300

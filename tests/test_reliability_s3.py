@@ -15,6 +15,8 @@ from reliability_fixtures import (SMALL_PARTS, allow_small_parts, assert_no_part
                                   assert_output_verifies, cli_env, make_demo, pending_uploads, run_cli)
 from tasks import storage
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def small_parts(monkeypatch):

@@ -42,6 +42,7 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_runs_leave_only_the_template_and_the_log(tmp_path):
     setup = build(tmp_path, str(tmp_path / "data"), shards=2, rows=20)
     home = tmp_path / "home"
@@ -60,6 +61,7 @@ def test_runs_leave_only_the_template_and_the_log(tmp_path):
     assert digest(template) == before  # runs copy it, never write it
 
 
+@pytest.mark.slow
 def test_debug_says_where_the_server_log_and_database_are(tmp_path):
     setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=20, watermark_gap=False)
     home = tmp_path / "home"
@@ -68,6 +70,7 @@ def test_debug_says_where_the_server_log_and_database_are(tmp_path):
     assert f"log {home / 'sidecar-ops-server.log'}" in line and f"database {home / 'sidecar-ops'}/run-" in line
 
 
+@pytest.mark.slow
 def test_keep_run_history_keeps_the_run_in_prefects_database(tmp_path):
     setup = build(tmp_path, str(tmp_path / "data"), shards=2, rows=20)
     home = tmp_path / "home"
@@ -78,6 +81,7 @@ def test_keep_run_history_keeps_the_run_in_prefects_database(tmp_path):
     assert not list(home.glob("sidecar-ops/run-*"))
 
 
+@pytest.mark.slow
 def test_a_killed_runs_database_is_removed_by_the_next_run(tmp_path):
     setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=20, watermark_gap=False)
     home = tmp_path / "home"
@@ -94,6 +98,7 @@ def test_a_killed_runs_database_is_removed_by_the_next_run(tmp_path):
     assert alive.exists()
 
 
+@pytest.mark.slow
 def test_a_users_server_is_left_alone(tmp_path, prefect_api):
     setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=20, watermark_gap=False)
     home = tmp_path / "home"
@@ -112,6 +117,7 @@ def schema_of(con: sqlite3.Connection) -> dict:
             "block schemas": con.execute("select checksum from block_schema order by checksum").fetchall()}
 
 
+@pytest.mark.slow
 def test_the_shipped_template_is_what_prefects_migrations_make(tmp_path):
     """flows/templates/ holds the migrated database of the pinned Prefect; after upgrading Prefect, rebuild it
     with `python -m flows.rundb` (until then a new home's first run migrates, and saves its own template)."""
@@ -129,6 +135,7 @@ def test_the_shipped_template_is_what_prefects_migrations_make(tmp_path):
     assert gzip.decompress(dump(built)) != b""
 
 
+@pytest.mark.slow
 def test_a_new_homes_first_run_starts_from_the_shipped_template(tmp_path):
     """No migrations on a first run: the home's template is the shipped one (the same random block ids), not a
     database the run's server migrated."""

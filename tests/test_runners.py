@@ -31,6 +31,8 @@ from flows.runners import (
     serialize_context_fast,
 )
 
+pytestmark = pytest.mark.ray
+
 NOCACHE = dict(persist_result=False, cache_policy=NO_CACHE)
 
 

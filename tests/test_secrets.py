@@ -16,6 +16,8 @@ from ray_fixtures import TAG, kill_tagged, new_tag
 from reliability_fixtures import cli_env, make_demo, run_cli
 from tasks import storage
 
+pytestmark = pytest.mark.slow
+
 ACCESS_KEY_ID = "AKIAFAKESIDECAROPS7QX"
 SECRET_KEY = "fAkeSidecarOpsSecret/9zQ2xVbN3mKp7+LwRt5YhUe1"
 SESSION_TOKEN = "FakeSidecarOpsSessionToken//Zm9vYmFyYmF6cXV4" + "Q" * 40

@@ -18,6 +18,8 @@ from test_deploy_e2e import BIN, healthy, start, stop
 
 from tasks.demo import make_dataset, relpaths
 
+pytestmark = pytest.mark.ui
+
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
