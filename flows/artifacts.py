@@ -42,6 +42,10 @@ def summary_rows(summary: Summary) -> list[dict[str, str]]:
         value = getattr(summary, f.name)
         if f.name in ("output_prefix", "failed"):
             continue
+        if isinstance(value, (str, type(None))):
+            if value:
+                rows.append({"item": f.name.replace("_", " "), "value": value})
+            continue
         rows.append({"item": f.name.replace("_", " "),
                      "value": f"{value:.1f}" if isinstance(value, float) else f"{value:,}"})
     rows.append({"item": "failed", "value": f"{len(summary.failed):,}"})

@@ -1,7 +1,7 @@
 """`sidecar-ops`: run (or dry-run) a merge, verify an output, build the demo.
 
 Exit codes: 0 success; 1 shards failed (or verification failed); 2 bad configuration or arguments;
-130 interrupted (Ctrl-C: rerun the same command to resume).
+130 interrupted (Ctrl-C or SIGTERM: the summary says what was done and how to resume).
 Errors are one line each; `--debug` adds tracebacks and Prefect/Ray logs.
 """
 from __future__ import annotations
@@ -13,12 +13,13 @@ import shutil
 import sys
 import traceback
 
+from flows.interrupt import DEFAULT_GRACE, Interrupted, until_flow
 from flows.runconfig import (DEFAULT_MAX_INFLIGHT, DEFAULT_SAMPLES, DEFAULT_VERIFY_INFLIGHT, RunConfig,
                              RunnerChoice)
 from tasks.errors import ConfigError, ShardError
 from tasks.summary import RunFailed
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def quiet_environment(debug: bool) -> None:
@@ -67,7 +68,13 @@ def parser() -> argparse.ArgumentParser:
                         help="resume: keep output shards already complete for this pipeline (default)")
     resume.add_argument("--overwrite", dest="overwrite", action="store_true",
                         help="recompute every shard, replacing existing outputs")
+    resume.add_argument("--overwrite-before", metavar="TIME", default=None,
+                        help="recompute only outputs written by runs started before TIME (ISO 8601, UTC unless it "
+                        "names a zone): continues an interrupted --overwrite, whose summary prints the TIME")
     run.add_argument("--fail-fast", action="store_true", help="stop submitting shards after the first failure")
+    run.add_argument("--grace-seconds", type=float, default=DEFAULT_GRACE, help="after a first Ctrl-C or SIGTERM, "
+                     f"how long shards in flight may take to finish before they are abandoned (default "
+                     f"{DEFAULT_GRACE:g}); a second signal abandons them at once")
     run.add_argument("--retries", type=int, default=1, help="retries per shard task on I/O errors (default 1)")
     run.add_argument("--fuse-operations", action="store_true", help="one task per shard for all its operations "
                      "and its check, instead of one task per operation (for runs of very many shards)")
@@ -96,7 +103,8 @@ def run_config(args, command: str):
     config = RunConfig.load(args.pipeline, args.output_prefix, args.datasets_dir, writes=True,
                             runner=runner, max_inflight=args.max_inflight or DEFAULT_MAX_INFLIGHT,
                             overwrite=args.overwrite, fail_fast=args.fail_fast, retries=args.retries,
-                            fuse_operations=args.fuse_operations)
+                            fuse_operations=args.fuse_operations, overwrite_before=args.overwrite_before,
+                            grace_seconds=args.grace_seconds)
     if config.new_output:
         print(f"NOTE: no --output-prefix given; writing to a NEW prefix {config.output_prefix}\n"
               f"      (sidecar_prefix in the YAML is {config.pipeline.dataset.sidecar_prefix}; pass --output-prefix "
@@ -147,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     quiet_environment(args.debug)
     try:
-        return {"run": cmd_run, "verify": cmd_verify, "demo": cmd_demo}[args.command](args)
+        with until_flow():
+            return {"run": cmd_run, "verify": cmd_verify, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:
         _report(args, exc, "error")
         return EXIT_CONFIG
@@ -157,9 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     except ShardError as exc:
         _report(args, exc, "error")
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print("interrupted; rerun the same command to resume (complete shards are kept)", file=sys.stderr)
-        return 130
+    except Interrupted as exc:
+        print("\n".join(exc.result.lines()), file=sys.stderr)
+        global abandoned_work
+        abandoned_work = bool(getattr(exc.result, "abandoned", 0))
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # before or after the shard loop, or a second signal
+        # Only before the flow run starts (nothing written yet) or as it ends: its summary says the rest.
+        print(f"interrupted{f' by {exc}' if str(exc) else ''}; rerun the same command to resume (complete shards "
+              "are kept)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as exc:  # anything unexpected: still one line unless --debug
         _report(args, exc, f"unexpected {type(exc).__name__}")
         return EXIT_FAILED
@@ -173,5 +189,19 @@ def _report(args, exc: BaseException, label: str) -> None:
     logging.shutdown()
 
 
+abandoned_work = False  # an interrupted run left shard tasks running in this process's threads
+
+
+def console(argv: list[str] | None = None) -> None:
+    """The `sidecar-ops` command. After an interrupted run whose grace period ran out, exit without waiting for
+    the shard threads still running (Python would join them first): their writes never appear (atomic)."""
+    code = main(argv)
+    if abandoned_work:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -11,6 +11,7 @@ import logging
 import sys
 
 from flows import cluster
+from flows.interrupt import Interrupted
 from flows.runconfig import RunConfig, RunnerChoice
 from flows.server import configured_api, prefect_api
 from tasks.report import table_lines, write_json
@@ -111,7 +112,11 @@ def run_merge(config: RunConfig, keep_history: bool = False) -> int:
     with session(config, "merging", "flows.merge", keep_history):
         from flows.merge import merge_flow  # imported while the server started
 
-        summary = merge_flow(**config.flow_parameters(*MERGE_PARAMETERS))
+        state = merge_flow(**config.flow_parameters(*MERGE_PARAMETERS), return_state=True)
+        if state.is_cancelled():  # stopped by SIGINT/SIGTERM: the summary says what was and was not done
+            summary = state.result(raise_on_failure=False)
+            raise Interrupted(summary.stop_reason, summary)
+        summary = state.result()  # RunFailed (exit 1) when shards failed
     print("\n".join(summary.lines()))
     return 0
 
@@ -133,5 +138,6 @@ def run_verify(config: RunConfig, keep_history: bool = False, json_path: str | N
 
 COMMON_PARAMETERS = ("pipeline", "output_prefix", "datasets_dir", "use_ray", "ray_address", "task_cpus",
                      "task_memory_gb", "max_inflight", "debug")
-MERGE_PARAMETERS = (*COMMON_PARAMETERS, "overwrite", "fail_fast", "retries", "fuse_operations")
+MERGE_PARAMETERS = (*COMMON_PARAMETERS, "overwrite", "overwrite_before", "fail_fast", "retries", "fuse_operations",
+                    "grace_seconds")
 VERIFY_PARAMETERS = (*COMMON_PARAMETERS, "samples", "all_shards", "seed")

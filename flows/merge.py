@@ -10,11 +10,13 @@ import uuid
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_API_URL
+from prefect.states import Cancelled, State
 
 from flows.artifacts import ProgressArtifact, publish_summary
 from flows.runconfig import DEFAULT_MAX_INFLIGHT, DEFAULT_RETRIES, RunConfig, RunnerChoice
-from flows.scheduler import make_runner, run_window
-from tasks.merge import Job
+from flows.interrupt import DEFAULT_GRACE, Stop, handling
+from flows.scheduler import Window, make_runner, run_window
+from tasks.merge import Job, now_utc
 from tasks.plan import make_plan, refuse_foreign, refuse_unmatched
 from tasks.prefect_tasks import fused_shard, merge_step, verify_step
 from tasks.progress import Progress
@@ -53,9 +55,10 @@ class ShardSteps:
 
 
 def run_shards(steps: ShardSteps, todo: list[str], config: RunConfig, summary: Summary, progress: Progress,
-               ui: ProgressArtifact, logger) -> None:
-    """Every shard to do through the scheduler's window; each finished one is counted, logged and shown."""
-    for done in run_window(todo, steps.submit, config.max_inflight, stop=lambda: config.fail_fast and not summary.ok):
+               ui: ProgressArtifact, logger, stop: Stop, window: Window) -> None:
+    """Every shard to do through the scheduler's window; each finished one is counted, logged and shown.
+    A failure under --fail-fast, or a signal, stops new submissions (`stop`)."""
+    for done in run_window(todo, steps.submit, config.max_inflight, stop, window):
         relpath = done.item
         if done.ok:
             stats = done.result()
@@ -68,6 +71,8 @@ def run_shards(steps: ShardSteps, todo: list[str], config: RunConfig, summary: S
             summary.failed.append((relpath, error))
             progress.update(failed=1)
             logger.error("shard %s FAILED: %s", relpath, error)
+            if config.fail_fast:
+                stop.request("--fail-fast")
         ui.update(summary.finished)
 
 
@@ -76,21 +81,34 @@ def merge_flow(pipeline: str, output_prefix: str, overwrite: bool = False,
                max_inflight: int = DEFAULT_MAX_INFLIGHT, fail_fast: bool = False, datasets_dir: str | None = None,
                retries: int = DEFAULT_RETRIES, use_ray: bool = False, ray_address: str | None = None,
                task_cpus: float | None = None, task_memory_gb: float | None = None,
-               fuse_operations: bool = False, debug: bool = False, max_workers: int | None = None) -> Summary:
+               fuse_operations: bool = False, debug: bool = False, max_workers: int | None = None,
+               overwrite_before: str | None = None, grace_seconds: float = DEFAULT_GRACE) -> Summary:
     """Merge every shard of PIPELINE's base sidecar with its score sidecars into `output_prefix`.
-    `overwrite` recomputes every shard; otherwise complete outputs are kept (resume)."""
+    `overwrite` recomputes every shard; otherwise complete outputs are kept (resume). `overwrite_before`
+    (a UTC ISO time) recomputes only outputs written by runs started before it: it continues an interrupted
+    overwrite that started then."""
     runner = RunnerChoice(use_ray, ray_address, task_cpus, task_memory_gb, max_workers, debug)
     config = RunConfig.load(pipeline, output_prefix, datasets_dir, writes=True, runner=runner,
                             max_inflight=max_inflight, overwrite=overwrite, fail_fast=fail_fast, retries=retries,
-                            fuse_operations=fuse_operations)
+                            fuse_operations=fuse_operations, overwrite_before=overwrite_before,
+                            grace_seconds=grace_seconds)
     return merge(config)
 
 
-def merge(config: RunConfig) -> Summary:
-    """The body of a merge flow run: plan, refuse what cannot be right, run the shards, summarize."""
+def merge(config: RunConfig) -> Summary | State:
+    """The body of a merge flow run: plan, refuse what cannot be right, run the shards, summarize. A SIGINT or
+    SIGTERM from here on stops it the documented way (flows/interrupt.py): a Cancelled state with the summary."""
+    stop = Stop()
+    with handling(stop, config.grace_seconds):
+        return merge_until(config, stop)
+
+
+def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
     logger = get_run_logger()
     start = time.monotonic()
-    job = Job(config.pipeline, config.output_prefix, run_id=run_id(), overwrite=config.overwrite)
+    started = now_utc()
+    job = Job(config.pipeline, config.output_prefix, run_id=run_id(), overwrite=config.overwrite, started=started,
+              overwrite_before=(config.overwrite_before or started) if config.overwrite else "")
     plan = make_plan(job, overwrite=config.overwrite)
     refuse_unmatched(plan)
     if not config.overwrite:
@@ -100,21 +118,30 @@ def merge(config: RunConfig) -> Summary:
                     config.output_prefix)
     summary = Summary(config.output_prefix, total=len(plan.shards), skipped=len(plan.complete),
                       stale_shards=[rel for rel, _ in plan.stale])
+    summary.overwrite_before = job.overwrite_before
     log_plan(logger, plan, summary)
     progress = Progress("merge", summary.total)
     progress.update(skipped=summary.skipped)
     ui = ProgressArtifact("merge-progress", summary.total,
                           f"shards finished of {summary.total}: {config.output_prefix}")
     ui.update(summary.skipped)
-    if plan.todo:
-        with make_runner(config.runner, PREFECT_API_URL.value()) as runner:
-            run_shards(ShardSteps(runner, job, config), plan.todo, config, summary, progress, ui, logger)
+    window = Window()
+    if plan.todo and not stop.requested:
+        # Our signal handlers again once the runner has started: Ray installs a SIGTERM handler of its own.
+        with make_runner(config.runner, PREFECT_API_URL.value()) as runner, handling(stop, config.grace_seconds):
+            run_shards(ShardSteps(runner, job, config), plan.todo, config, summary, progress, ui, logger, stop,
+                       window)
+            if window.abandoned and hasattr(runner, "abandon"):
+                runner.abandon()
+    summary.stopped(stop.reason, not_started=len(plan.todo) - window.submitted, abandoned=window.abandoned)
     progress.close()
     ui.update(summary.finished, final=True)
     summary.seconds = time.monotonic() - start
     for line in summary.lines():
         logger.info(line)
     publish_summary(summary, config.pipeline.path)
+    if stop.by_signal:  # the flow run ends Cancelled, not Crashed; the command line exits 130
+        return Cancelled(message=f"interrupted by {stop.reason}: {summary.headline()}", data=summary)
     if not summary.ok:
         raise RunFailed(summary)
     return summary
@@ -143,6 +170,6 @@ def log_plan(logger, plan, summary: Summary) -> None:
 if __name__ == "__main__":
     import sys
 
-    from flows.cli import main
+    from flows.cli import console
 
-    sys.exit(main(["run", *sys.argv[1:]]))
+    console(["run", *sys.argv[1:]])

@@ -7,9 +7,10 @@ same values behave alike. Nothing below reads the environment for these choices.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 
+from flows.interrupt import DEFAULT_GRACE
 from tasks.config import Pipeline, check_output_prefix, load_pipeline
 from tasks.errors import ConfigError
 from tasks import storage
@@ -47,7 +48,9 @@ class RunConfig:
     max_inflight: int = DEFAULT_MAX_INFLIGHT
     # merge
     overwrite: bool = False          # recompute every shard (else resume: keep complete outputs)
+    overwrite_before: str | None = None  # recompute shards written by runs started before this (UTC ISO time)
     fail_fast: bool = False
+    grace_seconds: float = DEFAULT_GRACE  # after a first SIGINT/SIGTERM, for shards in flight
     retries: int = DEFAULT_RETRIES
     fuse_operations: bool = False    # one task per shard instead of one per operation
     # verify
@@ -71,7 +74,9 @@ class RunConfig:
             except ValueError as exc:
                 raise ConfigError(f"--output-prefix: {exc}") from None
         config = cls(pipeline, output, os.path.abspath(pipeline_file), datasets_dir, new_output, **options)
-        for name, least in (("max_inflight", 1), ("retries", 0), ("samples", 0)):
+        if config.overwrite_before is not None:
+            config = replace(config, overwrite=True, overwrite_before=utc_time(config.overwrite_before))
+        for name, least in (("max_inflight", 1), ("retries", 0), ("samples", 0), ("grace_seconds", 0)):
             if getattr(config, name) < least:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be {least} or more, got {getattr(config, name)}")
@@ -83,7 +88,8 @@ class RunConfig:
         values = {"pipeline": self.pipeline_file, "output_prefix": self.output_prefix,
                   "datasets_dir": self.datasets_dir, "use_ray": r.use_ray, "ray_address": r.ray_address,
                   "task_cpus": r.task_cpus, "task_memory_gb": r.task_memory_gb, "max_inflight": self.max_inflight,
-                  "debug": r.debug, "overwrite": self.overwrite, "fail_fast": self.fail_fast,
+                  "debug": r.debug, "overwrite": self.overwrite, "overwrite_before": self.overwrite_before,
+                  "fail_fast": self.fail_fast, "grace_seconds": self.grace_seconds,
                   "retries": self.retries, "fuse_operations": self.fuse_operations, "samples": self.samples,
                   "all_shards": self.all_shards, "seed": self.seed}
         return {name: values[name] for name in names}
@@ -103,3 +109,15 @@ def default_output(pipeline: Pipeline) -> str:
     """A new timestamped sibling of the dataset's sidecar_prefix (a run without --output-prefix)."""
     stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
     return pipeline.dataset.sidecar_prefix.rstrip("/") + f"_run_{stamp}/"
+
+
+def utc_time(text: str) -> str:
+    """An ISO 8601 time (a zone, or UTC when it has none) in the one form provenance records:
+    2026-12-04T05:01:02.123456+00:00."""
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"--overwrite-before: {text!r} is not an ISO 8601 time (e.g. 2026-12-04T05:01:02Z)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc).isoformat(timespec="microseconds")

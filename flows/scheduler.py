@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Iterator
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.interrupt import Stop
 from flows.runconfig import RunnerChoice
 from tasks import storage
 from tasks.errors import one_line
@@ -56,17 +57,38 @@ def final_state(future):
     return future.state
 
 
-def run_window(items: Iterable, submit: Callable[[Any], list], max_inflight: int,
-               stop: Callable[[], bool] = lambda: False) -> Iterator[Finished]:
+class Window:
+    """What one pass of `run_window` did: how many items it submitted, and which were still in flight when a
+    stop's grace period ran out (abandoned: never yielded)."""
+
+    def __init__(self):
+        self.submitted = 0
+        self.abandoned: list = []
+
+
+def run_window(items: Iterable, submit: Callable[[Any], list], max_inflight: int, stop: Stop | None = None,
+               window: Window | None = None) -> Iterator[Finished]:
     """Submit `submit(item)` (a list of futures, the shard's last task last) for each item, at most
-    `max_inflight` at once; yield every submitted item once it is finished. After `stop()` turns true no new
-    item is submitted (fail-fast); those in flight still finish and are yielded."""
+    `max_inflight` at once; yield every submitted item once it is finished. Once `stop` is requested no new
+    item is submitted; those in flight still finish and are yielded, until the stop's deadline, if it has one:
+    what is still in flight then is abandoned (listed in `window.abandoned`, cancelled, not waited for)."""
+    stop = stop or Stop()
+    window = window or Window()
     finished: queue.Queue = queue.Queue()
     inflight: dict[int, tuple[Any, list]] = {}
     done_ids: set = set()
+    wake = object()
+    waker = lambda: finished.put(wake)  # noqa: E731
+    stop.wakers.append(waker)
 
-    def collect() -> Finished:
-        ticket = finished.get()
+    def collect() -> Finished | None:
+        """The next finished item; None when woken by a stop or when its deadline passed first."""
+        try:
+            ticket = finished.get(timeout=stop.remaining())
+        except queue.Empty:
+            return None
+        if ticket is wake:
+            return None
         item, futures = inflight.pop(ticket)
         done = Finished(item, futures, final_state(futures[-1]))
         done_ids.update(future.task_run_id for future in futures)
@@ -75,16 +97,30 @@ def run_window(items: Iterable, submit: Callable[[Any], list], max_inflight: int
             done_ids.clear()
         return done
 
-    for ticket, item in enumerate(items):
-        while len(inflight) >= max(1, max_inflight):
-            yield collect()
-        if stop():
-            break
-        futures = submit(item)
-        inflight[ticket] = (item, futures)
-        futures[-1].add_done_callback(lambda _f, t=ticket: finished.put(t))
-    while inflight:
-        yield collect()
+    def drain(limit: int) -> Iterator[Finished]:
+        while len(inflight) > limit and not (stop.deadline is not None and stop.remaining() == 0):
+            if (done := collect()) is not None:
+                yield done
+            elif stop.requested and limit:
+                return  # woken by a stop: submit nothing more, drain below
+
+    try:
+        for ticket, item in enumerate(items):
+            yield from drain(max(1, max_inflight) - 1)
+            if stop.requested:
+                break
+            futures = submit(item)
+            window.submitted += 1
+            inflight[ticket] = (item, futures)
+            futures[-1].add_done_callback(lambda _f, t=ticket: finished.put(t))
+        yield from drain(0)
+    finally:
+        stop.wakers.remove(waker)
+        for item, futures in inflight.values():
+            window.abandoned.append(item)
+            for future in futures:  # a thread pool's queued tasks; Ray's end with this driver
+                if callable(cancel := getattr(future.wrapped_future, "cancel", None)):
+                    cancel()
 
 
 def forget_results(task_run_ids: set) -> None:
@@ -102,7 +138,19 @@ def forget_results(task_run_ids: set) -> None:
 
 class ShardThreadRunner(ThreadPoolTaskRunner):
     """Prefect's thread pool, without the cancel event it keeps per task run for the runner's whole life
-    (~1 KB each, so a 10^5-shard chain held 400,000): a finished task's event is dropped."""
+    (~1 KB each, so a 10^5-shard chain held 400,000): a finished task's event is dropped. After `abandon()`
+    leaving does not wait for tasks still running (an interrupted run's grace period is over)."""
+
+    abandoning = False
+
+    def abandon(self) -> None:
+        self.abandoning = True
+
+    def __exit__(self, *exc_info):
+        if self.abandoning and self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        super().__exit__(*exc_info)
 
     def submit(self, task, parameters, wait_for=None, dependencies=None):
         future = super().submit(task, parameters, wait_for, dependencies)

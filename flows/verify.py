@@ -83,6 +83,6 @@ def check(config: RunConfig) -> dict:
 if __name__ == "__main__":
     import sys
 
-    from flows.cli import main
+    from flows.cli import console
 
-    sys.exit(main(["verify", *sys.argv[1:]]))
+    console(["verify", *sys.argv[1:]])

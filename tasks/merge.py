@@ -25,6 +25,16 @@ PROVENANCE_KEY = b"sidecar_ops"
 # Bump whenever the kernel's output for the same inputs and pipeline would change (column order, types, encoding
 # of values, provenance needed for resume): every output written before then becomes stale and is recomputed.
 MERGE_SEMANTICS_VERSION = 2
+# Provenance fields that differ between two runs writing the same shard from the same inputs; the rest is equal.
+PER_RUN_FIELDS = ("run_id", "run_started", "written_at")
+
+
+def utc(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+def now_utc() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
 def tool_version() -> str:
@@ -41,7 +51,15 @@ class Job:
     pipeline: Pipeline
     output_prefix: str
     run_id: str = ""         # recorded in provenance: tells this run's outputs from earlier runs' ones
-    overwrite: bool = False  # this run replaces existing outputs: only ones it wrote itself count as done
+    overwrite: bool = False  # this run replaces existing outputs written before `overwrite_before`
+    started: str = ""        # when this run started (UTC ISO, the driver's clock), recorded in provenance
+    overwrite_before: str = ""  # with overwrite: this run's start, or the start of the run it continues
+
+    def kept_by_overwrite(self, prov: dict) -> bool:
+        """Whether an existing output (its provenance) counts as done in an overwrite run: written by a run
+        that started at or after `overwrite_before` (this one, or an interrupted --overwrite it continues)."""
+        written = prov.get("run_started")
+        return bool(written) and bool(self.overwrite_before) and utc(written) >= utc(self.overwrite_before)
 
     @property
     def fingerprint(self) -> str:
@@ -140,8 +158,9 @@ def provenance(job: Job, relpath: str, state: ShardState) -> dict:
             "source_inference": ds.source_inference, "operations": state.records,
             "inputs": inputs, "input_key": shard_key(job.fingerprint, relpath, inputs),
             "rows": state.table.num_rows, "merge_semantics": MERGE_SEMANTICS_VERSION, "run_id": job.run_id,
+            "run_started": job.started,
             "tool": "sidecar-ops", "tool_version": tool_version(),
-            "written_at": datetime.now(timezone.utc).isoformat(timespec="microseconds")}
+            "written_at": now_utc()}
 
 
 def check_extensions(job: Job, schema: pa.Schema, allow_missing: bool = False) -> None:

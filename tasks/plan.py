@@ -8,6 +8,7 @@ An existing output is one of:
   stale     made from other inputs (a source or the base changed, or an older version wrote it): recomputed
   foreign   written by a different pipeline (another fingerprint, or no provenance): the run refuses
   broken    unreadable, or a row count different from the one recorded: recomputed
+  replaced  (an overwrite continued with --overwrite-before) written before that time: recomputed
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class Plan:
     stale: list[tuple[str, str]] = field(default_factory=list)    # (relpath, which inputs changed)
     foreign: list[tuple[str, str]] = field(default_factory=list)  # (relpath, their fingerprint)
     broken: list[tuple[str, str]] = field(default_factory=list)   # (relpath, why it is not trusted)
+    replaced: list[tuple[str, str]] = field(default_factory=list)  # (relpath, written before --overwrite-before)
 
     @property
     def shards(self) -> list[str]:
@@ -144,12 +146,17 @@ def judge_output(job: Job, relpath: str, meta, inputs: dict) -> tuple[str, str]:
 
 
 def output_status(job: Job, relpath: str, inputs: dict, size: int | None = None) -> tuple[str, str]:
-    """('complete'|'stale'|'foreign'|'broken', detail) for an existing output shard, from its footer only."""
+    """('complete'|'stale'|'foreign'|'broken', detail) for an existing output shard, from its footer only.
+    In an overwrite run an output counts as complete only when written since `job.overwrite_before`; any
+    other is 'replaced' (foreign ones included: an overwrite replaces them)."""
     try:
         out = storage.read_footer(job.output_uri(relpath), size)
     except Exception as exc:
         return "broken", f"unreadable: {type(exc).__name__}"
-    return judge_output(job, relpath, out, inputs)
+    status, detail = judge_output(job, relpath, out, inputs)
+    if job.overwrite and status in ("complete", "foreign") and not job.kept_by_overwrite(read_provenance(out) or {}):
+        return "replaced", f"written before {job.overwrite_before}"
+    return status, detail
 
 
 def list_inputs(pipeline) -> dict[str, storage.Listing]:
@@ -183,8 +190,8 @@ def make_plan(job: Job, overwrite: bool = False) -> Plan:
         raise ConfigError(f"output prefix {job.output_prefix}: {missing}")
     plan = Plan(job, base, sources, output)
     existing = [rel for rel in base.shards if rel in output.shards]
-    if overwrite:
-        plan.todo = list(base.shards)
+    if overwrite and job.overwrite_before >= job.started:
+        plan.todo = list(base.shards)  # a new overwrite: nothing can have been written since it started
         return plan
     with ThreadPoolExecutor(FOOTER_THREADS) as pool:
         status = lambda rel: output_status(job, rel, plan.inputs(rel), output.shards[rel])  # noqa: E731
@@ -195,7 +202,7 @@ def make_plan(job: Job, overwrite: bool = False) -> Plan:
             plan.complete.append(rel)
             continue
         plan.todo.append(rel)
-        if status in ("stale", "foreign", "broken"):
+        if status in ("stale", "foreign", "broken", "replaced"):
             getattr(plan, status).append((rel, detail))
     return plan
 

@@ -51,8 +51,8 @@ SHARD_TASK = dict(persist_result=False, cache_policy=NO_CACHE, retries=1, retry_
 
 def cached_output(job: Job, relpath: str, state: ShardState) -> ShardStats | None:
     """On a retry, stats of the existing output when it is exactly what this state would write (same
-    fingerprint, row count and input key), else None. In an --overwrite run only an output this run wrote
-    counts. A first attempt does not look (the plan just found no current output): no extra request per shard."""
+    fingerprint, row count and input key), else None. In an --overwrite run only an output written since it
+    started counts (or since the start of the interrupted overwrite it continues: --overwrite-before). A first attempt does not look (the plan just found no current output): no extra request per shard."""
     if task_run.run_count <= 1:
         return None  # the plan found no current output; only an earlier attempt of this task can have written it
     uri = job.output_uri(relpath)
@@ -66,7 +66,7 @@ def cached_output(job: Job, relpath: str, state: ShardState) -> ShardStats | Non
     key = SHARD_INPUTS.compute_key(None, {"job": job, "relpath": relpath, "state": state}, {})
     if judge_output(job, relpath, meta, state.inputs())[0] != "complete" or prov.get("input_key") != key:
         return None
-    if meta.num_rows != state.table.num_rows or (job.overwrite and prov.get("run_id") != job.run_id):
+    if meta.num_rows != state.table.num_rows or (job.overwrite and not job.kept_by_overwrite(prov)):
         return None
     skipped = sum(r.get("status") == "skipped_missing_sibling" for r in prov.get("operations") or [])
     return ShardStats(relpath, rows=meta.num_rows, bytes=size, skipped_ops=skipped)

@@ -21,6 +21,10 @@ class Summary:
     bytes: int = 0
     ops_skipped: int = 0  # operations with `required: false` whose sibling was missing
     seconds: float = 0.0
+    stop_reason: str | None = None  # why the run stopped early: "--fail-fast", "SIGTERM", "SIGINT"
+    not_started: int = 0            # shards to do that were never submitted after the stop
+    abandoned: int = 0              # shards in flight when the grace period ended (no output written)
+    overwrite_before: str = ""      # an overwrite run: what continues it (--overwrite-before)
 
     def __post_init__(self, stale_shards: Iterable[str]) -> None:
         self._stale = frozenset(stale_shards)
@@ -48,11 +52,33 @@ class Summary:
         self.bytes += stats.bytes
         self.ops_skipped += stats.skipped_ops
 
+    def stopped(self, reason: str | None, not_started: int, abandoned: list) -> None:
+        """Record an early stop (fail-fast or a signal): what was never started and what was abandoned."""
+        self.stop_reason, self.not_started, self.abandoned = reason, not_started, len(abandoned)
+
+    @property
+    def unfinished(self) -> int:
+        return self.not_started + self.abandoned
+
+    def headline(self) -> str:
+        line = (f"shards: {self.total} total, {self.merged} merged, {self.skipped} skipped (already complete), "
+                f"{len(self.failed)} failed")
+        if self.stop_reason:
+            line += f", {self.not_started} not started"
+            if self.abandoned:
+                line += f", {self.abandoned} abandoned in flight"
+        return line
+
+    def resume_hint(self) -> str:
+        """What to run to finish an interrupted run."""
+        if self.overwrite_before:
+            return (f"rerun with --overwrite-before {self.overwrite_before} instead of --overwrite to continue "
+                    "(shards written since then are kept, every other one is recomputed)")
+        return "rerun the same command to resume (complete shards are kept)"
+
     def lines(self) -> list[str]:
         rate = self.rows / self.seconds if self.seconds else 0.0
-        out = [f"output: {self.output_prefix}",
-               f"shards: {self.total} total, {self.merged} merged, {self.skipped} skipped (already complete), "
-               f"{len(self.failed)} failed",
+        out = [f"output: {self.output_prefix}", self.headline(),
                f"rows merged: {self.rows:,}  bytes written: {self.bytes:,}  wall time: {self.seconds:.1f}s  "
                f"({rate:,.0f} rows/s)"]
         if self.stale:
@@ -60,6 +86,11 @@ class Summary:
                        f"({self.stale_outcome()})")
         if self.ops_skipped:
             out.append(f"operations skipped for missing siblings (required: false): {self.ops_skipped}")
+        if self.stop_reason == "--fail-fast":
+            out.append(f"stopped after the first failure (--fail-fast): {self.not_started} shards not started")
+        elif self.stop_reason:
+            out.append(f"interrupted by {self.stop_reason}: {self.not_started} shards not started, {self.abandoned} "
+                       f"abandoned in flight (no output written for them); {self.resume_hint()}")
         for rel, message in self.failed[:FAILED_LINES]:
             kept = " (its stale old output remains, not current)" if rel in self._stale else ""
             out.append(f"FAILED {rel}{kept}: {message}")

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from core_fixtures import (build, expected_output, get_bytes, identities, objects, put_bytes, read_table,
                            remove, swap_rows_fn, versioned)
 from tasks.demo import relpaths
@@ -83,6 +85,7 @@ def test_rerun_on_complete_output_writes_nothing(tmp_path, root, run):
     assert all(after[rel] != before[rel] for rel in REL)
 
 
+@pytest.mark.slow
 def test_resume_holds_with_a_fresh_prefect_home(tmp_path, run):
     """Run, then rerun in a new process with an empty PREFECT_HOME and no PREFECT_API_URL (it starts its own
     server through flows/server.py): the output shards alone say the work is done."""
@@ -137,6 +140,8 @@ def test_fail_fast_stops_submitting(tmp_path, run):
     assert code == 1
     total, merged, skipped, failed = summary_counts(out + err)
     assert (total, merged, failed) == (4, 0, 1)
+    assert "shards: 4 total, 0 merged, 0 skipped (already complete), 1 failed, 3 not started" in err
+    assert "stopped after the first failure (--fail-fast): 3 shards not started" in err
     assert objects(setup.output) == []
     code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--max-inflight", "1")
     assert code == 1 and summary_counts(out + err) == (4, 3, 0, 1)

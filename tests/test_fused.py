@@ -9,6 +9,8 @@ import json
 import time
 from collections import Counter
 
+import pytest
+
 from core_fixtures import build, read_meta, read_table, swap_rows_fn
 from test_flow_local import REL, SHARDS, assert_clean, assert_output_equals_inputs, summary_counts
 
@@ -16,12 +18,11 @@ from tasks import merge
 from tasks.errors import ShardError
 from tasks.merge import PROVENANCE_KEY
 
-PER_RUN = ("run_id", "written_at")  # provenance fields that differ between any two runs
 
 
 def provenance(uri: str) -> dict:
     prov = json.loads(read_meta(uri).metadata[PROVENANCE_KEY])
-    return {k: v for k, v in prov.items() if k not in PER_RUN}
+    return {k: v for k, v in prov.items() if k not in merge.PER_RUN_FIELDS}
 
 
 def task_run_names(pipeline: str) -> set[str]:
@@ -87,6 +88,7 @@ def test_fused_failure_names_the_shard_and_the_operation(tmp_path, run):
     assert "Traceback" not in out + err
 
 
+@pytest.mark.slow  # 10^3 shards: ~25 s
 def test_the_driver_keeps_no_links_of_finished_shards(tmp_path, run, monkeypatch):
     """Prefect links every task result to its state in the flow run context for the whole flow run, and its
     thread pool keeps a cancel event per task run; the shard scheduler and runner drop those of finished

@@ -1,0 +1,117 @@
+"""One way to be interrupted (issue 18, deliverables 1 and 3; seen cases 1, 2 and 7), in-process on the session's
+Prefect API: a signal sent by a shard task itself, at a chosen shard, so nothing depends on timing.
+
+SIGINT and SIGTERM alike: no new shard starts, the shard in flight finishes, the summary says what was and was
+not done, the flow run ends Cancelled, exit 130; rerunning what the summary says finishes the job, and an
+interrupted --overwrite continues with --overwrite-before instead of starting over.
+The same from outside the process (a real `kill`, the run's own server, a grace period that runs out):
+tests/test_interrupt_process.py.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import pytest
+
+from core_fixtures import build, expected_output, identities, objects, read_table
+from tasks import merge
+from tasks.demo import relpaths
+from test_flow_local import ALL_COLUMNS, summary_counts
+
+SHARDS = 6
+REL = sorted(relpaths(SHARDS))
+STOP_AT = 3  # the signal is sent while the third shard is being read
+
+
+def assert_output_equals_inputs(setup) -> None:
+    assert objects(setup.output) == REL
+    for rel in REL:
+        columns = ALL_COLUMNS if rel != relpaths(SHARDS)[-1] else ALL_COLUMNS[:2]  # the watermark gap
+        assert read_table(setup.output + rel).replace_schema_metadata(None).equals(
+            expected_output(setup, rel, columns)), rel
+
+
+@pytest.fixture
+def signal_at(monkeypatch):
+    """`signal_at(SIG)`: the STOP_AT-th base read of the next run sends SIG to this process, then carries on."""
+    def arm(sig: int) -> None:
+        real, reads = merge.read_base, []
+
+        def read_base(job, relpath):
+            reads.append(relpath)
+            if len(reads) == STOP_AT:
+                os.kill(os.getpid(), sig)
+            return real(job, relpath)
+
+        monkeypatch.setattr(merge, "read_base", read_base)
+    return arm
+
+
+def flow_run_state(pipeline) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[f"merge {pipeline}"])))
+    return [r.state.type.value for r in sorted(runs, key=lambda r: r.created)][-1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_new_shards_finishes_the_one_in_flight_and_says_so(tmp_path, run, signal_at, sig):
+    setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS)
+    signal_at(sig)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--max-inflight", "1")
+    assert code == 130, err
+    name = signal.Signals(sig).name
+    assert summary_counts(err) == (SHARDS, STOP_AT, 0, 0), err
+    assert f"{SHARDS - STOP_AT} not started" in err
+    assert (f"interrupted by {name}: {SHARDS - STOP_AT} shards not started, 0 abandoned in flight (no output "
+            "written for them); rerun the same command to resume") in err
+    assert "Traceback" not in err
+    assert objects(setup.output) == REL[:STOP_AT]
+    assert flow_run_state(setup.pipeline) == "CANCELLED"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the run's handlers are gone after it"
+
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--max-inflight", "1")
+    assert code == 0, err
+    assert summary_counts(out) == (SHARDS, SHARDS - STOP_AT, STOP_AT, 0)
+    assert_output_equals_inputs(setup)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_an_interrupted_overwrite_continues_with_what_its_summary_says(tmp_path, run, signal_at, sig):
+    setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS)
+    assert run(setup.pipeline, "--output-prefix", setup.output)[0] == 0
+    first = identities(setup.output)
+
+    signal_at(sig)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--overwrite", "--max-inflight", "1")
+    assert code == 130, err
+    hint = re.search(r"rerun with --overwrite-before (\S+) instead of --overwrite to continue", err)
+    assert hint, err
+    interrupted = identities(setup.output)
+    rewritten = [rel for rel in REL if interrupted[rel] != first[rel]]
+    assert rewritten == REL[:STOP_AT]
+
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--overwrite-before", hint.group(1),
+                         "--max-inflight", "1")
+    assert code == 0, err
+    assert summary_counts(out) == (SHARDS, SHARDS - STOP_AT, STOP_AT, 0)
+    final = identities(setup.output)
+    assert all(final[rel] == interrupted[rel] for rel in REL[:STOP_AT]), "what the overwrite wrote is kept"
+    assert all(final[rel] != first[rel] for rel in REL), "every other shard is recomputed"
+    assert_output_equals_inputs(setup)
+
+    code, out, _ = run(setup.pipeline, "--output-prefix", setup.output, "--overwrite-before", hint.group(1))
+    assert code == 0 and summary_counts(out) == (SHARDS, 0, SHARDS, 0), "a finished overwrite stays finished"
+
+
+def test_overwrite_before_takes_only_a_time(tmp_path, cli):
+    setup = build(tmp_path, str(tmp_path / "data"), shards=1)
+    code, _, err = cli("run", setup.pipeline, "--output-prefix", setup.output, "--overwrite-before", "yesterday")
+    assert code == 2
+    assert err.strip().splitlines()[-1] == ("error: --overwrite-before: 'yesterday' is not an ISO 8601 time "
+                                            "(e.g. 2026-12-04T05:01:02Z)")
+    assert objects(setup.output) == []
