@@ -41,17 +41,32 @@ class Pipeline:
 
     @property
     def fingerprint(self) -> str:
-        """Hash of everything that decides the output's content (not where it is written)."""
+        """Hash of what decides the output's content (not where it is written, nor how the YAML spells it):
+        schema_extensions as a set (their order decides nothing), each operation with its defaults filled in."""
         ds = self.dataset
-        doc = {
-            "dataset": {
-                "name": ds.name, "main_prefix": ds.main_prefix, "key_column": ds.key_column,
-                "image_column": ds.image_column, "source_inference": ds.source_inference,
-                "schema_extensions": [[e.name, e.type.name, e.type.to_dict()] for e in ds.schema_extensions],
-            },
-            "operations": [op.to_dict() for op in self.operations],
-        }
-        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+        return _hash(self._doc(sorted(self._extensions()), [op.meaning(ds) for op in self.operations]))
+
+    @property
+    def legacy_fingerprint(self) -> str:
+        """The fingerprint of this YAML as earlier versions computed it (spelling included): the outputs they
+        wrote record it, and stay current as long as the YAML they were written with is unchanged."""
+        return _hash(self._doc(self._extensions(), [op.to_dict() for op in self.operations]))
+
+    def accepts(self, fingerprint: str | None) -> bool:
+        """Whether an output recording `fingerprint` was written by this pipeline (by this version, or by an
+        earlier one from this very YAML). The one place that decides it: plan, shard tasks, the post-write
+        check and verify all ask here."""
+        return fingerprint in (self.fingerprint, self.legacy_fingerprint)
+
+    def _extensions(self) -> list[list]:
+        return [[e.name, e.type.name, e.type.to_dict()] for e in self.dataset.schema_extensions]
+
+    def _doc(self, extensions: list, operations: list[dict]) -> dict:
+        ds = self.dataset
+        return {"dataset": {"name": ds.name, "main_prefix": ds.main_prefix, "key_column": ds.key_column,
+                            "image_column": ds.image_column, "source_inference": ds.source_inference,
+                            "schema_extensions": extensions},
+                "operations": operations}
 
     def prefixes(self) -> list[tuple[str, str]]:
         """(what, prefix) for every read-only input."""
@@ -60,6 +75,10 @@ class Pipeline:
             if source := op.input(self.dataset):
                 out.append((f"operations[{i}].{source.field}", source.prefix))
         return out
+
+
+def _hash(doc: dict) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def prefix_field(fields: Fields, key: str) -> str:

@@ -136,9 +136,9 @@ def judge_output(job: Job, relpath: str, meta, inputs: dict) -> tuple[str, str]:
     prov = read_provenance(meta)
     if prov is None:
         return "foreign", "(no sidecar_ops provenance)"
-    if prov.get("fingerprint") != job.fingerprint:
+    if not job.pipeline.accepts(prov.get("fingerprint")):
         return "foreign", str(prov.get("fingerprint"))
-    if prov.get("input_key") != shard_key(job.fingerprint, relpath, inputs):
+    if prov.get("input_key") != shard_key(prov["fingerprint"], relpath, inputs):
         return "stale", changed_inputs(prov.get("inputs"), inputs)
     if meta.num_rows != prov.get("rows"):
         return "broken", f"{meta.num_rows} rows, {prov.get('rows')} recorded"

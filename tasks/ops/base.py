@@ -65,7 +65,13 @@ class Operation(ABC):
 
     @abstractmethod
     def to_dict(self) -> dict:
-        """What goes into the pipeline fingerprint and provenance: change it and every output is stale."""
+        """The operation as configured, recorded in provenance (each output's per-operation record)."""
+
+    def meaning(self, dataset) -> dict:
+        """What decides this step's output, with defaults filled in from the dataset: the pipeline fingerprint
+        hashes it, so two spellings of the same step must give the same dict and any change of what the step
+        does a different one (every output then becomes another pipeline's). `to_dict()` by default."""
+        return self.to_dict()
 
     def describe(self) -> str:
         return self.type

@@ -66,6 +66,9 @@ class DropColumns(Operation):
     def to_dict(self) -> dict:
         return {"type": self.type, "columns": list(self.columns)}
 
+    def meaning(self, dataset) -> dict:
+        return {**self.to_dict(), "columns": sorted(self.columns)}  # a set: the order decides nothing
+
     def describe(self) -> str:
         return f"{self.type} {', '.join(self.columns)}"
 

@@ -104,6 +104,10 @@ class MergeFromSidecar(Operation):
                 "target_key_column": self.target_key_column, "source_key_column": self.source_key_column,
                 "required": self.required}
 
+    def meaning(self, dataset) -> dict:
+        keys = self.input(dataset)  # key columns omitted are the dataset's
+        return {**self.to_dict(), "target_key_column": keys.target_key, "source_key_column": keys.source_key}
+
     def describe(self) -> str:
         return f"{self.type} from {self.source_prefix}"
 

@@ -108,7 +108,7 @@ def provenance(job, footers) -> list[str]:
     prov = footers.provenance
     if prov is None:
         return ["no sidecar_ops provenance in the footer"]
-    if prov.get("fingerprint") != job.fingerprint:
+    if not job.pipeline.accepts(prov.get("fingerprint")):
         return [f"stale: written by pipeline fingerprint {prov.get('fingerprint')}, this pipeline is "
                 f"{job.fingerprint}"]
     if footers.records is None:
@@ -120,9 +120,9 @@ def provenance(job, footers) -> list[str]:
           "input key it recorded equals the key of their current identities (else it is stale)")
 def current_inputs(job, footers) -> list[str]:
     prov = footers.provenance
-    if prov is None or prov.get("fingerprint") != job.fingerprint or footers.inputs is None:
+    if prov is None or not job.pipeline.accepts(prov.get("fingerprint")) or footers.inputs is None:
         return []  # no provenance or another pipeline's: the provenance check says so
-    if prov.get("input_key") != shard_key(job.fingerprint, footers.relpath, footers.inputs):
+    if prov.get("input_key") != shard_key(prov["fingerprint"], footers.relpath, footers.inputs):
         return [f"stale: {changed_inputs(prov.get('inputs'), footers.inputs)} since it was written (the same "
                 "comparison a run's plan makes); rerun the merge to recompute it"]
     return []
