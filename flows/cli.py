@@ -167,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         _report(args, exc, "error")
         return EXIT_FAILED
     except Interrupted as exc:
-        print("\n".join(exc.result.lines()), file=sys.stderr)
+        if exc.result is None:  # verify: a partial report would say nothing of the shards not checked
+            print(f"interrupted by {exc.reason}: verification incomplete; rerun the same command", file=sys.stderr)
+        else:
+            print("\n".join(exc.result.lines()), file=sys.stderr)
         global abandoned_work
         abandoned_work = bool(getattr(exc.result, "abandoned", 0))
         return EXIT_INTERRUPTED

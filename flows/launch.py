@@ -127,7 +127,10 @@ def run_verify(config: RunConfig, keep_history: bool = False, json_path: str | N
         from flows.verify import VerifyFailed, verify_flow
 
         try:
-            report = verify_flow(**config.flow_parameters(*VERIFY_PARAMETERS))
+            state = verify_flow(**config.flow_parameters(*VERIFY_PARAMETERS), return_state=True)
+            if state.is_cancelled():
+                raise Interrupted(state.result(raise_on_failure=False))
+            report = state.result()
         except VerifyFailed as exc:
             report = exc.report
     print("\n".join(table_lines(report)))

@@ -10,7 +10,9 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.settings import PREFECT_API_URL
+from prefect.states import Cancelled
 
+from flows.interrupt import Interrupted, Stop, handling
 from flows.runconfig import DEFAULT_SAMPLES, DEFAULT_VERIFY_INFLIGHT, RunConfig, RunnerChoice
 from flows.scheduler import make_runner, run_window
 from tasks.merge import Job
@@ -37,16 +39,19 @@ def verify_shard(job: Job, shard: ShardTask, specs: tuple) -> ShardResult:
     return check_shard(job, shard, specs)
 
 
-def scheduled_checks(runner, max_inflight: int):
-    """A tasks.verify Runner: shard checks as Prefect tasks through the shard scheduler's window."""
+def scheduled_checks(runner, max_inflight: int, stop: Stop):
+    """A tasks.verify Runner: shard checks as Prefect tasks through the shard scheduler's window. A signal
+    ends it with Interrupted: a report of some shards would say nothing of the others."""
 
     def run(job: Job, specs: tuple, shards: list[ShardTask]):
         submit = lambda shard: [runner.submit(verify_shard, {"job": job, "shard": shard, "specs": specs})]  # noqa: E731
-        for done in run_window(shards, submit, max_inflight):
+        for done in run_window(shards, submit, max_inflight, stop):
             if done.ok:
                 yield done.result()
             else:
                 yield ShardResult(done.item.relpath, failures={BASE: f"shard check did not finish: {done.error()}"})
+        if stop.by_signal:
+            raise Interrupted(stop.reason)
 
     return run
 
@@ -67,9 +72,14 @@ def verify_flow(pipeline: str, output_prefix: str, samples: int = DEFAULT_SAMPLE
 def check(config: RunConfig) -> dict:
     """The body of a verify flow run: the report, as a dict, and its two artifacts."""
     job = Job(config.pipeline, config.output_prefix)
-    with make_runner(config.runner, PREFECT_API_URL.value()) as runner:
-        report = verify(job, samples=config.samples, seed=config.seed, all_shards=config.all_shards,
-                        run=scheduled_checks(runner, config.max_inflight)).to_dict()
+    stop = Stop()
+    try:
+        with handling(stop, grace=0.0), make_runner(config.runner, PREFECT_API_URL.value()) as runner, \
+                handling(stop, grace=0.0):  # again once the runner has started: Ray installs its own
+            report = verify(job, samples=config.samples, seed=config.seed, all_shards=config.all_shards,
+                            run=scheduled_checks(runner, config.max_inflight, stop)).to_dict()
+    except Interrupted as exc:  # the flow run ends Cancelled; the command line exits 130
+        return Cancelled(message=f"interrupted by {exc.reason}: verification incomplete", data=exc.reason)
     verdict = "PASS" if report["ok"] else "FAIL"
     create_table_artifact(key="verify-checks", table=artifact_rows(report),
                           description=f"verify {verdict}: {config.output_prefix} ({config.pipeline.path})")

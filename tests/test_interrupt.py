@@ -115,3 +115,23 @@ def test_overwrite_before_takes_only_a_time(tmp_path, cli):
     assert err.strip().splitlines()[-1] == ("error: --overwrite-before: 'yesterday' is not an ISO 8601 time "
                                             "(e.g. 2026-12-04T05:01:02Z)")
     assert objects(setup.output) == []
+
+
+def test_a_signal_during_verify_ends_it_incomplete_not_passed(tmp_path, run, cli, monkeypatch):
+    from flows import verify as verify_module
+
+    setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS)
+    assert run(setup.pipeline, "--output-prefix", setup.output)[0] == 0
+    real, checked = verify_module.check_shard, []
+
+    def check_shard(job, shard, specs):
+        checked.append(shard.relpath)
+        if len(checked) == STOP_AT:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(job, shard, specs)
+
+    monkeypatch.setattr(verify_module, "check_shard", check_shard)
+    code, out, err = cli("verify", setup.pipeline, "--output-prefix", setup.output, "--max-inflight", "1")
+    assert code == 130, err
+    assert err.strip().splitlines()[-1] == "interrupted by SIGTERM: verification incomplete; rerun the same command"
+    assert "PASS" not in out
