@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
 import traceback
 
@@ -84,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--seed", type=int, default=0, help="seed of the deep-check sample")
     verify.add_argument("--json", dest="json_path", help="also write the report as JSON to this path")
     demo = sub.add_parser("demo", help="build the local demo dataset, then run and verify the merge")
-    demo.add_argument("--root", default="demo-data", help="where the demo data goes (default ./demo-data)")
+    demo.add_argument("--root", default="demo-data", help="a local folder for the demo data and its YAMLs "
+                      "(default ./demo-data); refused when it holds anything an earlier demo did not write")
     demo.add_argument("--shards", type=int, default=12)
     demo.add_argument("--rows", type=int, default=2000)
     demo.add_argument("--use-ray", action="store_true")
@@ -120,7 +120,8 @@ def cmd_run(args) -> int:
     if args.dry_run:
         from tasks.dryrun import dry_run
 
-        return dry_run(config.pipeline, config.output_prefix, samples=20 if args.samples is None else args.samples, overwrite=args.overwrite)
+        return dry_run(config.pipeline, config.output_prefix, samples=20 if args.samples is None else args.samples,
+                       overwrite=config.overwrite, overwrite_before=config.overwrite_before)
     from flows.launch import run_merge
 
     return run_merge(config, keep_history=args.keep_run_history)
@@ -134,16 +135,16 @@ def cmd_verify(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    """Build demo-data/, dry-run, merge and verify, the way an operator would."""
-    from tasks.demo import DEMO_PIPELINE, DEMO_ROOT, make_dataset
+    """Build the demo data and its YAMLs under --root, then dry-run, merge and verify, as an operator would."""
+    from tasks.demo import build_demo
 
-    shutil.rmtree(DEMO_ROOT, ignore_errors=True)
-    make_dataset(DEMO_ROOT, shards=args.shards, rows=args.rows)
-    print(f"demo data written under {DEMO_ROOT}/ ({args.shards} shards x {args.rows} rows)", file=sys.stderr)
-    out = ["--output-prefix", f"{DEMO_ROOT}/all_in_one/"]
+    pipeline, output = build_demo(args.root, shards=args.shards, rows=args.rows)
+    print(f"demo data and YAMLs written under {args.root.rstrip('/')}/ ({args.shards} shards x {args.rows} rows)",
+          file=sys.stderr)
+    out = ["--output-prefix", output]
     extra = (["--use-ray"] if args.use_ray else []) + (["--debug"] if args.debug else [])
-    for argv in (["run", DEMO_PIPELINE, *out, "--dry-run"], ["run", DEMO_PIPELINE, *out, *extra],
-                 ["verify", DEMO_PIPELINE, *out, *extra]):
+    for argv in (["run", str(pipeline), *out, "--dry-run"], ["run", str(pipeline), *out, *extra],
+                 ["verify", str(pipeline), *out, *extra]):
         print(f"\n$ sidecar-ops {' '.join(argv)}", file=sys.stderr)
         code = main(argv)
         if code:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from tasks.config import Pipeline
-from tasks.merge import Job
+from tasks.merge import Job, now_utc
 from tasks.plan import inspect_schemas, make_plan
 
 SHOW = 5
@@ -16,9 +16,11 @@ def _some(items: list[str]) -> str:
 
 
 def dry_run(pipeline: Pipeline, output_prefix: str, samples: int = 20, overwrite: bool = False,
-            out=None) -> int:
+            out=None, overwrite_before: str | None = None) -> int:
     out = out or sys.stdout
-    job = Job(pipeline, output_prefix)
+    started = now_utc()
+    job = Job(pipeline, output_prefix, overwrite=overwrite, started=started,
+              overwrite_before=(overwrite_before or started) if overwrite else "")
     plan = make_plan(job, overwrite=overwrite)
     ds = pipeline.dataset
     problems: list[str] = []
@@ -53,6 +55,9 @@ def dry_run(pipeline: Pipeline, output_prefix: str, samples: int = 20, overwrite
     say(f"shards to process:      {len(plan.todo)}")
     if plan.broken:
         say(f"outputs to recompute (untrusted): {_some([f'{r} ({why})' for r, why in plan.broken])}")
+    if plan.replaced:
+        say(f"outputs to recompute (written before --overwrite-before): {len(plan.replaced)}: "
+            f"{_some([r for r, _ in plan.replaced])}")
     if plan.foreign and not overwrite:
         problems.append(f"{len(plan.foreign)} existing output(s) were written by a different pipeline: "
                         f"{_some([r for r, _ in plan.foreign])} (a real run refuses; use --overwrite)")

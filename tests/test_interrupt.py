@@ -96,6 +96,11 @@ def test_an_interrupted_overwrite_continues_with_what_its_summary_says(tmp_path,
     assert rewritten == REL[:STOP_AT]
 
     code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--overwrite-before", hint.group(1),
+                         "--dry-run")
+    assert code == 0, err
+    assert f"outputs complete:       {STOP_AT}\n" in out and f"shards to process:      {SHARDS - STOP_AT}\n" in out
+    assert f"outputs to recompute (written before --overwrite-before): {SHARDS - STOP_AT}: " in out
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--overwrite-before", hint.group(1),
                          "--max-inflight", "1")
     assert code == 0, err
     assert summary_counts(out) == (SHARDS, SHARDS - STOP_AT, STOP_AT, 0)
