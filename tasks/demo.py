@@ -9,14 +9,23 @@ A few rows carry score errors and null raw scores, as real GPU sidecars do.
 """
 from __future__ import annotations
 
+import shutil
+from pathlib import Path, PurePath
+
 import numpy as np
 import pyarrow as pa
 
 from tasks import storage
+from tasks.errors import ConfigError
+from tasks.storage.backend import TEMP_MARK
 
 FILTERS = ["clarity", "texture", "saturation", "luma", "color_entropy", "edge_density"]
 DEMO_PIPELINE = "pipelines/demo_merge_filters_dqm_ernie_image_aes.yaml"
+DEMO_DATASET = "datasets/demo_filters_dqm_ernie_image_aes.yaml"
 DEMO_ROOT = "demo-data"
+REPO = Path(__file__).resolve().parents[1]  # the shipped demo YAMLs (editable install)
+MARKER = ".sidecar-ops-demo"  # written at the root: this folder holds a demo
+DATA = ("base", "dqm", "aes", "watermark", "all_in_one")  # folders of parquet shards the demo and its merge write
 
 
 def relpaths(shards: int) -> list[str]:
@@ -72,3 +81,62 @@ def make_dataset(root: str, shards: int = 12, rows: int = 2000, seed: int = 0,
                 continue  # the watermark job never covered this shard
             storage.write_atomic(table, prefixes[name] + rel)
     return prefixes
+
+
+# ----------------------------------------------------------------- the demo's root
+
+
+def made_by_demo(rel: PurePath, is_dir: bool) -> bool:
+    """Whether a path under the root is one a demo writes: the marker, its two YAMLs and their folders, the
+    data folders with the parquet shards (and write temp files) the demo and its merge put there."""
+    if is_dir:
+        return rel.parts[0] in DATA or rel.as_posix() in ("pipelines", "datasets")
+    if rel.parts[0] in DATA and len(rel.parts) > 1:
+        return rel.suffix == ".parquet" or rel.name.startswith(TEMP_MARK)
+    return rel.as_posix() in (MARKER, DEMO_PIPELINE, DEMO_DATASET)
+
+
+def clear_root(root: Path) -> None:
+    """Make `root` an empty folder for the demo, deleting only what an earlier demo made there.
+
+    Refused (ConfigError) when root is not a folder, or holds anything without the marker an earlier demo
+    leaves, or anything a demo does not write (a user's file): nothing is deleted then."""
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"demo --root {root}: not a folder; choose another --root")
+    found = sorted(root.rglob("*")) if root.exists() else []
+    if found and not (root / MARKER).is_file():
+        raise ConfigError(f"demo --root {root}: not empty and not made by `sidecar-ops demo` (holds "
+                          f"{found[0].relative_to(root)}); choose another --root or an empty folder")
+    foreign = [p for p in found if p.is_symlink() or not made_by_demo(p.relative_to(root), p.is_dir())]
+    if foreign:
+        raise ConfigError(f"demo --root {root}: holds {foreign[0].relative_to(root)}, which the demo did not "
+                          "write; move it away or choose another --root (nothing was deleted)")
+    for path in found:
+        if path.parent == root:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    root.mkdir(parents=True, exist_ok=True)
+    (root / MARKER).write_text("Written by `sidecar-ops demo`: it may replace the demo data in this folder.\n")
+
+
+def write_yamls(root: Path) -> None:
+    """The shipped demo pipeline and dataset YAMLs, their prefixes moved under `root` (absolute)."""
+    prefix = storage.normalize_prefix(str(root))
+    for rel in (DEMO_DATASET, DEMO_PIPELINE):
+        source = REPO / rel
+        text = "\n".join(line for line in source.read_text().splitlines() if "yaml-language-server" not in line)
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(f"# Written by `sidecar-ops demo` from {rel}, prefixes under {prefix}\n"
+                                + text.replace(f"{DEMO_ROOT}/", prefix) + "\n")
+
+
+def build_demo(root: str, shards: int, rows: int) -> tuple[Path, str]:
+    """Clear the demo root (`clear_root`), write the demo data and YAMLs under it; returns the pipeline YAML
+    and the output prefix, spelled from `root` as given. Local folders only: the YAMLs live beside the data,
+    and their prefixes are absolute, so they work from any working directory."""
+    if "://" in root:
+        raise ConfigError(f"demo --root {root}: the demo writes a local folder; give a local path")
+    folder = Path(root).absolute()
+    clear_root(folder)
+    make_dataset(str(folder), shards=shards, rows=rows)
+    write_yamls(folder)
+    return Path(root) / DEMO_PIPELINE, f"{root.rstrip('/')}/all_in_one/"
