@@ -105,8 +105,9 @@ def clear_root(root: Path) -> None:
         raise ConfigError(f"demo --root {root}: not a folder; choose another --root")
     found = sorted(root.rglob("*")) if root.exists() else []
     if found and not (root / MARKER).is_file():
-        raise ConfigError(f"demo --root {root}: not empty and not made by `sidecar-ops demo` (holds "
-                          f"{found[0].relative_to(root)}); choose another --root or an empty folder")
+        raise ConfigError(f"demo --root {root}: not empty and without the {MARKER} marker a demo leaves (holds "
+                          f"{found[0].relative_to(root)}); choose another --root, or delete the folder yourself "
+                          "if an older demo made it")
     foreign = [p for p in found if p.is_symlink() or not made_by_demo(p.relative_to(root), p.is_dir())]
     if foreign:
         raise ConfigError(f"demo --root {root}: holds {foreign[0].relative_to(root)}, which the demo did not "
