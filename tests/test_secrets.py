@@ -16,8 +16,6 @@ from ray_fixtures import TAG, kill_tagged, new_tag
 from reliability_fixtures import cli_env, make_demo, run_cli
 from tasks import storage
 
-pytestmark = pytest.mark.slow
-
 ACCESS_KEY_ID = "AKIAFAKESIDECAROPS7QX"
 SECRET_KEY = "fAkeSidecarOpsSecret/9zQ2xVbN3mKp7+LwRt5YhUe1"
 SESSION_TOKEN = "FakeSidecarOpsSessionToken//Zm9vYmFyYmF6cXV4" + "Q" * 40
@@ -40,27 +38,31 @@ def footer_text(output: str) -> str:
     return "\n".join(parts)
 
 
-def prefect_text(tag_pipelines: list[str]) -> tuple[str, int, int]:
-    """Everything the API holds for flow runs of these pipelines: runs, parameters, states, task runs, logs,
-    artifacts (all artifacts, since they are few)."""
+def prefect_text(pipelines: list[str]) -> tuple[str, int, int]:
+    """Everything the API holds for this test's flow runs (merge and verify of these pipelines, selected by
+    their run names, which carry the pipeline path under this test's tmp_path): runs, parameters, states,
+    task runs, logs and artifacts of exactly those runs. Returns (text, flow runs, logs)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter,
+                                                FlowRunFilterId, FlowRunFilterName, LogFilter, LogFilterFlowRunId)
 
+    names = [f"{kind} {p}" for p in pipelines for kind in ("merge", "verify")]
     with get_client(sync_client=True) as client:
-        runs = [r for r in client.read_flow_runs(limit=200)
-                if any(p in json.dumps(r.parameters, default=str) for p in tag_pipelines)]
-        assert runs, "no flow runs of these pipelines reached the API"
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=names)))
+        assert runs, f"no flow run named {names} reached the API"
         ids = [r.id for r in runs]
         chunks = [r.model_dump_json() for r in runs]
         chunks += [t.model_dump_json() for t in client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=200)]
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)), limit=200)
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))]
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
         chunks += [log.model_dump_json() for log in logs]
-        chunks += [a.model_dump_json() for a in client.read_artifacts(limit=200)]
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
+            any_=ids)))
+        assert artifacts, "no artifact of these flow runs reached the API"
+        chunks += [a.model_dump_json() for a in artifacts]
     return "\n".join(chunks), len(runs), len(logs)
 
 
-@pytest.mark.timeout(900)
 def run_ray(pipeline: str, output: str, env: dict, tag: str):
     try:
         return run_cli("run", pipeline, "--output-prefix", output, "--use-ray", "--max-inflight", "2", env=env,
@@ -69,6 +71,27 @@ def run_ray(pipeline: str, output: str, env: dict, tag: str):
         kill_tagged(tag)
 
 
+def test_in_process_run_leaves_no_credential_in_the_api(tmp_path, monkeypatch, run):
+    """The fast tier's share: a merge in this process (session API) with distinctive credentials in the
+    environment; its flow run, task runs, logs and artifacts (read back by its own flow run id, once its
+    summary artifact is there) and its footers hold none of them."""
+    from core_fixtures import build
+
+    for name, value in (("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+                        ("AWS_SESSION_TOKEN", SESSION_TOKEN)):
+        monkeypatch.setenv(name, value)
+    setup = build(tmp_path, str(tmp_path / "data") + "/", shards=2)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
+    assert code == 0, out + err
+    assert not leaks(out + err)
+    assert footer_text(setup.output).count("b'sidecar_ops'=") >= 2 and not leaks(footer_text(setup.output))
+    text, n_runs, _ = prefect_text([str(setup.pipeline)])
+    assert n_runs == 1 and "merge-summary" in text
+    assert not leaks(text), "the Prefect API holds a credential"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # on the test: pytest-timeout reads marks of tests, not of helpers
 def test_no_output_contains_the_credentials(tmp_path, s3_root, moto_endpoint, prefect_api):
     demo = make_demo(tmp_path, s3_root, shards=3, rows=100)
     # DQM taken from the AES sidecar: no image_key there, so every shard fails.

@@ -220,3 +220,100 @@ def test_a_run_fails_the_shard_whose_output_fails_the_check(tmp_path, monkeypatc
     assert "key column 'image_key' of the output differs from the base" in failed[0]
     assert sorted(objects(setup.output)) == sorted(REL)  # the bad output is there, and named failed
     assert read_table(setup.output + REL[0]).num_rows == 40
+
+
+# ----------------------------------------------------------------- two writers of one shard, interleaved
+
+def test_two_interleaved_writers_of_one_shard_leave_one_whole_file(tmp_path, monkeypatch):
+    """Writer A is stopped half-way through its bytes while writer B writes the same shard from start to end
+    (what two runs on one output prefix, or two tasks of one process, can do); then A finishes. No lock: the
+    final file is one writer's, whole (here A's, the last rename), and no temp file is left."""
+    uri = str(tmp_path / "out" / "shard.parquet")
+    a, b = pa.table({"k": [f"a{i}" for i in range(500)]}), pa.table({"k": [f"b{i}" for i in range(700)]})
+    real_write, nested = pq.write_table, []
+
+    def interleaved(table, where, **options):
+        sink = pa.BufferOutputStream()
+        real_write(table, sink, **options)
+        data = sink.getvalue().to_pybytes()
+        with open(where, "wb") as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+            if not nested:  # A, half-way: B writes the whole shard now
+                nested.append("B")
+                storage.write_atomic(b, uri)
+                nested.append(file_state(uri))
+            f.write(data[len(data) // 2:])
+
+    monkeypatch.setattr(local_backend.pq, "write_table", interleaved)
+    storage.write_atomic(a, uri)
+    monkeypatch.undo()
+    assert nested == ["B", "whole:700"], nested
+    assert file_state(uri) == "whole:500"
+    assert pq.read_table(uri).equals(a)
+    assert os.listdir(tmp_path / "out") == ["shard.parquet"]
+
+
+# ----------------------------------------------------------------- sweeping a killed writer's leftovers
+
+def test_sweep_removes_a_dead_writers_temp_file_only(tmp_path):
+    """A temp file named after a process of this host that has exited is removed; a live writer's temp file
+    (this process's) and shards stay."""
+    import socket
+    import subprocess
+
+    out = tmp_path / "out"
+    out.mkdir()
+    child = subprocess.Popen(["true"])
+    child.wait()  # exited and reaped: a writer that is gone
+    host = socket.gethostname()
+    dead = out / f"{storage.TEMP_MARK}{host}-{child.pid}-abc"
+    alive = out / f"{storage.TEMP_MARK}{host}-{os.getpid()}-def"
+    shard = out / "part-0.parquet"
+    for path in (dead, alive, shard):
+        path.write_bytes(b"x")
+    assert storage.sweep_stale(str(out) + "/", older_than_seconds=3600) == 1
+    assert sorted(p.name for p in out.iterdir()) == sorted([alive.name, shard.name])
+
+
+def test_sweep_aborts_old_uploads_and_keeps_young_ones(s3_root, moto_endpoint, monkeypatch):
+    """The age is judged against the upload's own `Initiated` (moto reports a fixed one), with the clock set a
+    minute after it: younger than an hour is kept (a live run's), older than 30 s is aborted."""
+    import time
+    from datetime import datetime
+    from types import SimpleNamespace
+
+    import boto3
+
+    bucket = s3_root[len("s3://"):].rstrip("/")
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    s3.create_multipart_upload(Bucket=bucket, Key="out/part-0.parquet")
+    (_, _, initiated), = storage.pending_uploads(s3_root + "out/")
+    now = datetime.fromisoformat(initiated).timestamp() + 60
+    monkeypatch.setattr(s3_backend, "time", SimpleNamespace(time=lambda: now, sleep=time.sleep))
+    assert storage.sweep_stale(s3_root + "out/", older_than_seconds=3600) == 0
+    assert len(pending_uploads(moto_endpoint, s3_root)) == 1
+    assert storage.sweep_stale(s3_root + "out/", older_than_seconds=30) == 1
+    assert pending_uploads(moto_endpoint, s3_root) == []
+
+
+# ----------------------------------------------------------------- which failures are worth a retry
+
+@pytest.mark.parametrize("exc, transient", [
+    (ConnectionResetError("connection reset by peer"), True),   # flaky storage: retried
+    (TimeoutError("read timed out"), True),
+    (OSError(5, "I/O error"), True),
+    (FileNotFoundError("no such object"), False),                 # the same on every attempt
+    (PermissionError("access denied"), False),
+    (pa.ArrowInvalid("schema mismatch"), False),
+    (ShardError("key mismatch in 2 of 40 rows"), False),          # alignment: never retried
+    (ShardError("reset mid-read", transient=True), True),
+])
+def test_only_io_trouble_is_retried(exc, transient):
+    """The classification behind Prefect's retry condition (`prefect_tasks.worth_retrying`)."""
+    from tasks.prefect_tasks import worth_retrying
+
+    failure = merge._fail(REL[0], "writing x", exc)
+    assert failure.transient is transient
+    state = type("State", (), {"result": lambda self, raise_on_failure: failure})()
+    assert worth_retrying(None, None, state) is transient
