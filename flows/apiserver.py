@@ -16,6 +16,8 @@ import os
 import socket
 import sys
 
+from flows import compat
+
 IDENTITY_ENV = "SIDECAR_OPS_SERVER_ID"
 IDENTITY_PATH = "/sidecar-ops/server-id"
 
@@ -43,17 +45,16 @@ def main(argv: list[str]) -> None:
     args = p.parse_args(argv)
     identity = os.environ.pop(IDENTITY_ENV, None)
     import uvicorn
-    from prefect.server.api.server import create_app
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
-    app = create_app(final=True)
+    app = compat.prefect_api_app()
     config = uvicorn.Config(with_identity(app, identity) if identity else app, host=args.host, port=args.port,
                             log_level=settings.server.logging_level.lower(),
                             timeout_keep_alive=settings.server.api.keepalive_timeout)
     server = uvicorn.Server(config)
     server.run(sockets=[socket.socket(fileno=args.fd)] if args.fd is not None else None)
-    if not server.started:  # as uvicorn.run: a start-up failure is an exit status, not a quiet 0
+    if not compat.uvicorn_started(server):  # as uvicorn.run: a start-up failure is an exit status, not a quiet 0
         sys.exit(3)
 
 

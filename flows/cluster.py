@@ -20,11 +20,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows import compat
 from tasks.errors import ConfigError
 
 CHECK_TIMEOUT = 15.0      # seconds for the head to answer the pre-flight call
 PROBE_TIMEOUT = 120.0     # seconds for every node's API probe (a node may first have to start a worker)
-TOKEN_NOTICES = ("ray._private.authentication.authentication_token_setup",)
+TOKEN_NOTICES = (compat.RAY_TOKEN_NOTICE_LOGGER,)
 SET_API_URL = "set PREFECT_API_URL to a Prefect server every Ray node can reach"
 
 
@@ -71,10 +72,8 @@ def ray_target(address: str | None) -> RayTarget:
             hostport += ":10001"
         return RayTarget(address, hostport)
     if address == "auto":
-        from ray._private.services import canonicalize_bootstrap_address
-
         try:
-            found = canonicalize_bootstrap_address("auto")
+            found = compat.find_local_ray_cluster()
         except (ConnectionError, ValueError) as exc:
             raise ConfigError(f"--ray-address auto: {exc}") from None
         if found is None:
@@ -110,16 +109,12 @@ def token_source() -> str | None:
 
 def enable_token_auth() -> None:
     """Use the cluster token when one is available and RAY_AUTH_MODE is unset, as `ray start` does."""
-    from ray._private.authentication.authentication_token_setup import (
-        maybe_enable_token_auth_if_token_available,
-    )
-
     notices = [logging.getLogger(name) for name in TOKEN_NOTICES]
     levels = [log.level for log in notices]
     for log in notices:
         log.setLevel(logging.ERROR)
     try:
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        compat.enable_ray_token_auth()
     finally:
         for log, level in zip(notices, levels):
             log.setLevel(level)
@@ -130,13 +125,9 @@ def check_cluster(target: RayTarget) -> None:
     if not target.joins_cluster or target.client_mode:
         return  # a local instance is ours; the Ray client server reports its own errors at connect time
     import grpc
-    from ray._private.grpc_utils import init_grpc_channel
-    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
-    channel = init_grpc_channel(target.bootstrap)
     try:
-        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
-            gcs_service_pb2.GetClusterIdRequest(), timeout=CHECK_TIMEOUT)
+        compat.ray_cluster_id(target.bootstrap, timeout=CHECK_TIMEOUT)
     except grpc.RpcError as exc:
         code = exc.code()
         if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -150,8 +141,6 @@ def check_cluster(target: RayTarget) -> None:
                               f"{source}; use the cluster's token (`ray get-auth-token` on the head)") from None
         raise ConfigError(f"cannot reach the Ray cluster at {target.bootstrap} ({code.name.lower()}: "
                           f"{exc.details()}); check --ray-address and that the head is running") from None
-    finally:
-        channel.close()
 
 
 def prepare(target: RayTarget) -> None:

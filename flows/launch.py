@@ -10,15 +10,14 @@ import importlib
 import logging
 import sys
 
-from flows import cluster
+from flows import cluster, compat
 from flows.interrupt import Interrupted
 from flows.runconfig import RunConfig, RunnerChoice
 from flows.server import configured_api, prefect_api
 from tasks.report import table_lines, write_json
 
 NOISY_ON_CONSOLE = ("prefect.flow_runs", "prefect.task_runs", "prefect.engine", "prefect.task_engine",
-                    "prefect.flow_engine", "prefect._internal", "prefect.task_runner",
-                    "EventsWorker", "APILogWorker")  # Prefect's background senders, named by class
+                    "prefect.flow_engine", "prefect.task_runner", *compat.PREFECT_BACKGROUND_LOGGERS)
 
 
 class _ConsoleFilter(logging.Filter):
@@ -32,17 +31,15 @@ class _ConsoleFilter(logging.Filter):
 def quiet_console(debug: bool) -> None:
     if debug:
         return
-    from prefect.logging.configuration import setup_logging
-
-    setup_logging()
+    compat.prefect_setup_logging()
     for logger in (logging.getLogger(), logging.getLogger("prefect")):
         for handler in logger.handlers:
-            if type(handler).__name__ in ("PrefectConsoleHandler", "StreamHandler", "_SafeStreamHandler"):
+            if compat.is_console_handler(handler):
                 handler.addFilter(_ConsoleFilter())
 
 
 # Ray's notice that a new local cluster enabled token authentication (a default, nothing for the user to do).
-RAY_NOTICES = ("ray._private.authentication.authentication_token_setup",)
+RAY_NOTICES = (compat.RAY_TOKEN_NOTICE_LOGGER,)
 # Ray client mode connects from a thread Prefect runs the flow in, and says so; nothing for the user to do.
 RAY_CHATTER = ("SIGTERM handler is not set",)
 
@@ -58,16 +55,12 @@ def quiet_ray(choice: RunnerChoice) -> None:
         return
     for name in RAY_NOTICES:
         logging.getLogger(name).setLevel(logging.ERROR)
-    logging.getLogger("ray._private.worker").addFilter(_RayChatterFilter())
+    logging.getLogger(compat.RAY_WORKER_LOGGER).addFilter(_RayChatterFilter())
 
 
 def flush_api_logs() -> None:
     """Send buffered run logs while the server is still up (else: 'Error logging to API')."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    APILogWorker.drain_all(timeout=5)
-    EventsWorker.drain_all(timeout=5)
+    compat.drain_prefect_workers(timeout=5)
 
 
 def server_host(choice: RunnerChoice) -> str:

@@ -4,7 +4,7 @@ A run that starts its own Prefect server records its flow run, task runs, logs a
 lasts, then deletes them: nothing grows in PREFECT_HOME from run to run (Prefect's own `prefect.db` would gain
 about 11 KB per task run, forever). The file starts as a copy of a template: an empty database already
 migrated by this Prefect version, with its block types registered, so no run pays migrations (seconds). The
-template comes from the dump this package ships for its pinned Prefect (`flows/templates/`, rebuilt by
+template comes from the dump this package ships for the Prefect of constraints.txt (`flows/templates/`, rebuilt by
 `python -m flows.rundb`), or, for another Prefect version, from the first run's server, saved right after it
 migrated a new database. Before each run the template is checked (a few ms: an SQLite file that passes
 `PRAGMA quick_check`, with the tables and the migration revision the installed Prefect expects); a damaged or
@@ -13,7 +13,6 @@ by the next run on the same host, when they can be.
 """
 from __future__ import annotations
 
-import asyncio
 import gzip
 import os
 import re
@@ -25,15 +24,13 @@ import uuid
 from contextlib import closing, suppress
 from dataclasses import dataclass
 from importlib.metadata import version
-from importlib.util import find_spec
 from pathlib import Path
+
+from flows import compat
 
 FOLDER = "sidecar-ops"
 SHIPPED = Path(__file__).resolve().parent / "templates"
 SUFFIXES = ("", "-wal", "-shm", "-journal")
-# Without a shipped dump to compare with: tables no run of this tool can do without.
-CORE_TABLES = frozenset({"alembic_version", "flow", "flow_run", "flow_run_state", "task_run",
-                         "task_run_state", "log", "artifact", "block_type", "block_schema", "block_document"})
 
 
 def _alive(pid: int) -> bool:
@@ -119,7 +116,7 @@ class Expected:
     def of(cls, script: str | None) -> Expected:
         """From the shipped dump's SQL when there is one, else Prefect's own migration scripts."""
         if script is None:
-            return cls(CORE_TABLES, migrations_head())
+            return cls(compat.PREFECT_CORE_TABLES, compat.migrations_head())
         tables = frozenset(re.findall(r'^CREATE TABLE "?(\w+)', script, re.MULTILINE))
         found = re.search(r"""^INSERT INTO "?alembic_version"? VALUES\('(\w+)'\)""", script, re.MULTILINE)
         return cls(tables, found.group(1) if found else None)
@@ -135,29 +132,13 @@ def template_problem(path: Path, expected: Expected) -> str | None:
             tables = {name for (name,) in con.execute("select name from sqlite_master where type = 'table'")}
             if expected.tables - tables:
                 return f"tables missing: {', '.join(sorted(expected.tables - tables))}"
-            revisions = [rev for (rev,) in con.execute("select version_num from alembic_version")]
+            revisions = [rev for (rev,) in con.execute(compat.REVISION_QUERY)]
     except sqlite3.Error as exc:
         return str(exc)
     if expected.revision is not None and revisions != [expected.revision]:
         return (f"migration revision {', '.join(revisions) or 'none'}, Prefect {version('prefect')} expects "
                 f"{expected.revision}")
     return None
-
-
-def migrations_head() -> str | None:
-    """The newest SQLite migration revision of the installed Prefect, read from its migration scripts without
-    importing Prefect (their layout is Prefect's internal: None when it is not found)."""
-    spec = find_spec("prefect")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(spec.submodule_search_locations[0]) / "server/database/_migrations/versions/sqlite"
-    revisions, parents = set(), set()
-    for script in folder.glob("*.py"):
-        text = script.read_text()
-        revisions.update(re.findall(r'^revision = "(\w+)"', text, re.MULTILINE))
-        parents.update(re.findall(r'^down_revision = "(\w+)"', text, re.MULTILINE))
-    heads = revisions - parents
-    return heads.pop() if len(heads) == 1 else None
 
 
 def shipped_dump() -> Path:
@@ -168,18 +149,7 @@ def migrated_database(path: Path) -> None:
     """A new SQLite database at `path`, migrated and with block types registered as a Prefect server's start
     would leave it (in this process: set nothing else of Prefect's up first)."""
     os.environ["PREFECT_API_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{path}"
-    from prefect.server.database import provide_database_interface
-    from prefect.server.models.block_registration import run_block_auto_registration
-
-    async def build() -> None:
-        db = provide_database_interface()
-        await db.create_db()
-        async with await db.session() as session:
-            await run_block_auto_registration(session=session)
-            await session.commit()
-        await (await db.engine()).dispose()
-
-    asyncio.run(build())
+    compat.migrate_database()
 
 
 def dump(path: Path) -> bytes:

@@ -1,11 +1,9 @@
 """Task runners for sidecar-ops flows: Prefect's thread pool, or a fast Ray runner.
 
-Built and tested against: prefect==3.9.1, prefect-ray==0.6.0, ray==2.60.0.
-Private surface we rely on (guarded by ``tests/test_runners.py``):
-``serialize_context()``'s key set and ``hydrated_context()`` skipping an empty
-``settings_context``; ``SyncClientContext.model_construct(client=...)`` to
-share one open client; ``RayTaskRunner``'s ``_started``/``_owns_ray``/
-``_ray_context`` attributes.
+Tested against the versions in constraints.txt. The Prefect and prefect-ray
+internals this relies on (the context serialisation split, a shared client,
+the task engine's entry points, RayTaskRunner's state) are entries of
+``flows/compat.py``, each checked by ``tests/test_compat.py``.
 
 Why a subclass: stock ``prefect_ray.RayTaskRunner`` costs ~110-200 ms per task
 on a 2-core box. Per submit it re-serialises the whole Prefect settings and
@@ -28,7 +26,6 @@ are untouched: the worker still runs ``prefect.task_engine.run_task_sync``.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import os
@@ -40,30 +37,16 @@ from uuid import uuid4
 
 import ray
 from prefect.client.orchestration import get_client
-from prefect.context import SettingsContext, SyncClientContext, serialize_context
+from prefect.context import SettingsContext
 from prefect.futures import PrefectFuture
 from prefect.settings import PREFECT_API_URL
-from prefect.task_engine import run_task_async, run_task_sync
-from prefect.task_runners import TaskRunner
 from prefect.utilities.collections import visit_collection
-from prefect.utilities.engine import collect_task_run_inputs_sync
-from prefect_ray.context import RemoteOptionsContext
 from prefect_ray.task_runners import PrefectRayFuture, RayTaskRunner
 
-from flows import cluster
+from flows import cluster, compat
 from tasks.errors import ConfigError, one_line
 
 __all__ = ["FastRayTaskRunner", "make_task_runner", "serialize_context_fast"]
-
-# Keys of prefect.context.serialize_context() this module knows about. We
-# forward all of them unchanged except "settings_context", which we replace
-# by the cached blob. The guard test fails if Prefect adds/removes keys.
-KNOWN_CONTEXT_KEYS = frozenset(
-    {"flow_run_context", "task_run_context", "tags_context", "settings_context",
-     "asset_context", "deployment_id", "deployment_parameters"}
-)
-# Keys of SettingsContext.serialize(); rebuilt with SettingsContext(**blob).
-KNOWN_SETTINGS_KEYS = frozenset({"profile", "settings"})
 
 _CACHE_SIZE = 16
 
@@ -71,18 +54,6 @@ _CACHE_SIZE = 16
 # --------------------------------------------------------------------------
 # Driver side: settings serialised once per SettingsContext
 # --------------------------------------------------------------------------
-
-
-class _SettingsPlaceholder(SettingsContext):
-    """A SettingsContext that serialises to ``{}``.
-
-    Entered around ``serialize_context()`` so that the public function does
-    all the work except the expensive settings dump; the worker's
-    ``hydrated_context`` skips an empty ``settings_context``.
-    """
-
-    def serialize(self, include_secrets: bool = True) -> dict[str, Any]:
-        return {}
 
 
 _settings_lock = threading.Lock()
@@ -110,11 +81,8 @@ def serialize_context_fast(asset_ctx_kwargs: dict[str, Any]) -> tuple[dict[str, 
 
     Returns ``(context_without_settings, settings_key, settings_blob)``.
     """
-    current = SettingsContext.get()
-    key, blob = _settings_blob(current)
-    with _SettingsPlaceholder.model_construct(profile=current.profile, settings=current.settings):
-        context = serialize_context(asset_ctx_kwargs=asset_ctx_kwargs)
-    return context, key, blob
+    key, blob = _settings_blob(SettingsContext.get())
+    return compat.serialize_context_without_settings(asset_ctx_kwargs), key, blob
 
 
 class _Upstream:
@@ -180,21 +148,17 @@ def _run_prefect_task_fast(
             wait_for = visit_collection(wait_for, visit_fn=fill, return_data=True)
 
     settings, client = _worker_state(settings_key, settings_blob)
-    kwargs = dict(
-        task=task,
-        task_run_id=task_run_id,
-        parameters=parameters,
-        wait_for=wait_for,
-        dependencies=dependencies,
-        context=context,
-        return_type="state",
-    )
     # The engine's get_client()/SyncClientContext.get_or_create() pick up the
     # active SyncClientContext, so no new HTTP client is built per task.
-    with settings.model_copy(), SyncClientContext.model_construct(client=client):
-        if task.isasync:
-            return asyncio.run(run_task_async(**kwargs))
-        return run_task_sync(**kwargs)
+    with settings.model_copy(), compat.sharing_client(client):
+        return compat.run_task_in_worker(
+            task,
+            task_run_id=task_run_id,
+            parameters=parameters,
+            wait_for=wait_for,
+            dependencies=dependencies,
+            context=context,
+        )
 
 
 # --------------------------------------------------------------------------
@@ -243,14 +207,13 @@ class FastRayTaskRunner(RayTaskRunner):
 
     def __getstate__(self) -> dict[str, Any]:
         # The flow (and so its task runner) travels with every task's context.
-        state = self.__dict__.copy()
+        state = compat.picklable_ray_runner_state(self.__dict__)
         state["_remote_fns"] = {}
-        state["_ray_context"] = None
         return state
 
     def _remote_function(self) -> Any:
         """The ``ray.remote`` entry point for the current options, cached."""
-        options = {**self.remote_options, **RemoteOptionsContext.get().current_remote_options}
+        options = {**self.remote_options, **compat.current_remote_options()}
         key = pickle.dumps(sorted(options.items()))
         fn = self._remote_fns.get(key)
         if fn is None:
@@ -280,11 +243,11 @@ class FastRayTaskRunner(RayTaskRunner):
         wait_for: Iterable[PrefectFuture[Any]] | None = None,
         dependencies: dict[str, set[Any]] | None = None,
     ) -> PrefectRayFuture[Any]:
-        if not self._started:
+        if not compat.ray_runner_started(self):
             raise RuntimeError("The task runner must be started before submitting work.")
         task_run_id = uuid4()
         task_inputs = {
-            k: collect_task_run_inputs_sync(v, future_cls=PrefectRayFuture)
+            k: compat.task_run_inputs(v, future_cls=PrefectRayFuture)
             for k, v in parameters.items()
         }
         context, settings_key, settings_blob = serialize_context_fast(
@@ -319,19 +282,19 @@ class FastRayTaskRunner(RayTaskRunner):
 
     def __enter__(self) -> "FastRayTaskRunner":
         """Start or join Ray. Unlike stock, ``address=None`` never joins a stray cluster."""
-        TaskRunner.__enter__(self)
+        compat.enter_ray_runner(self)
         if ray.is_initialized():  # e.g. inside a Ray worker, or a caller's ray.init()
-            self._owns_ray = False
+            compat.set_ray_owner(self, owns=False)
             return self
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no telemetry
         target = cluster.ray_target(self.address)
         cluster.prepare(target)
         self.logger.info("Starting Ray (address=%s)", target.address or "local")
         try:
-            self._ray_context = ray.init(address=target.address or "local", **self.init_kwargs)
+            ray_context = ray.init(address=target.address or "local", **self.init_kwargs)
         except (ConnectionError, RuntimeError, ray.exceptions.AuthenticationError) as exc:
             raise ConfigError(f"cannot join Ray at {target.address}: {one_line(exc)}") from None
-        self._owns_ray = True
+        compat.set_ray_owner(self, owns=True, ray_context=ray_context)
         api_url = PREFECT_API_URL.value()
         if api_url and not target.all_on_this_host:
             cluster.check_api_reachable(api_url)

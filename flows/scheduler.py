@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Iterator
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows import compat
 from flows.interrupt import Stop
 from flows.runconfig import RunnerChoice
 from tasks import storage
@@ -128,12 +129,8 @@ def forget_results(task_run_ids: set) -> None:
     result for the whole flow run (to find the upstream of a result passed on as a plain value); a finished
     shard's results go nowhere, and at 10^5 shards these links were most of the driver's memory."""
     context = FlowRunContext.get()
-    if context is None:
-        return
-    links = context.run_results
-    for key, (state, *_) in list(links.items()):  # tasks running in other threads add links meanwhile
-        if state.state_details.task_run_id in task_run_ids:
-            links.pop(key, None)
+    if context is not None:
+        compat.forget_result_links(context, task_run_ids)
 
 
 class ShardThreadRunner(ThreadPoolTaskRunner):
@@ -147,14 +144,13 @@ class ShardThreadRunner(ThreadPoolTaskRunner):
         self.abandoning = True
 
     def __exit__(self, *exc_info):
-        if self.abandoning and self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        if self.abandoning:
+            compat.abandon_thread_pool(self)
         super().__exit__(*exc_info)
 
     def submit(self, task, parameters, wait_for=None, dependencies=None):
         future = super().submit(task, parameters, wait_for, dependencies)
-        events = getattr(self, "_cancel_events", {})
+        events = compat.thread_pool_cancel_events(self)
         future.wrapped_future.add_done_callback(lambda _f, key=future.task_run_id: events.pop(key, None))
         return future
 

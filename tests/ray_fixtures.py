@@ -126,10 +126,11 @@ def no_errors(out: str, err: str) -> None:
 def ray_cluster(head: dict, workers: list[dict], hide_env: tuple[str, ...] = ()):
     """A `ray.cluster_utils.Cluster`: a head and worker nodes, each a real raylet. Variables in `hide_env` are
     kept out of the nodes' environment (as on a real cluster, whose nodes never saw the driver's shell)."""
-    from ray._private.utils import get_ray_address_file
     from ray.cluster_utils import Cluster
 
-    address_file = Path(get_ray_address_file(None))
+    from flows.compat import ray_address_file
+
+    address_file = ray_address_file()
     previous = address_file.read_text() if address_file.exists() else None
     hidden = {k: os.environ.pop(k) for k in hide_env if k in os.environ}
     try:

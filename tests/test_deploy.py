@@ -42,10 +42,10 @@ def prefect_yaml_text(with_k8s: bool) -> str:
 
 
 def deployments(with_k8s: bool = False) -> list[dict]:
-    from prefect.cli.deploy._models import PrefectYamlModel
+    from flows.compat import validate_prefect_yaml
 
     raw = yaml.safe_load(prefect_yaml_text(with_k8s))
-    PrefectYamlModel.model_validate(raw)  # the schema `prefect deploy` applies
+    validate_prefect_yaml(raw)  # the schema `prefect deploy` applies
     return raw["deployments"]
 
 
@@ -86,10 +86,10 @@ def test_kubernetes_examples_run_from_the_image():
 
 
 def test_ray_cluster_config_passes_ray_validation_and_matches_the_guide():
-    from ray.autoscaler._private.util import prepare_config, validate_config
+    from flows.compat import validate_ray_cluster_config
 
     config = yaml.safe_load((DEPLOY / "ray-cluster.yaml").read_text())
-    validate_config(prepare_config(config))
+    validate_ray_cluster_config(config)
     assert config["provider"]["type"] == "aws"
     nodes = config["available_node_types"]
     assert nodes[config["head_node_type"]]["node_config"]["InstanceType"] == "r5.4xlarge"

@@ -6,8 +6,6 @@ Each Ray test starts Ray through the runner (num_cpus=2); Ray is shut down after
 
 from __future__ import annotations
 
-import inspect
-import re
 import time
 
 import pyarrow as pa
@@ -17,19 +15,14 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-from prefect.context import FlowRunContext, TaskRunContext, hydrated_context, serialize_context
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect_ray.context import remote_options
 
+from flows.compat import thread_pool_size
 from flows.runconfig import RunnerChoice
 from flows.scheduler import make_runner
-from flows.runners import (
-    KNOWN_CONTEXT_KEYS,
-    KNOWN_SETTINGS_KEYS,
-    FastRayTaskRunner,
-    make_task_runner,
-    serialize_context_fast,
-)
+from flows.runners import FastRayTaskRunner, make_task_runner
 
 pytestmark = pytest.mark.ray
 
@@ -100,7 +93,7 @@ def square(x: int) -> int:
 
 def test_make_task_runner_choices():
     tp = make_runner(RunnerChoice(max_workers=3))
-    assert isinstance(tp, ThreadPoolTaskRunner) and tp._max_workers == 3
+    assert isinstance(tp, ThreadPoolTaskRunner) and thread_pool_size(tp) == 3
     assert isinstance(make_runner(RunnerChoice(use_ray=True, ray_address="auto")), FastRayTaskRunner)
     r = make_task_runner(
         "auto", task_cpus=1.5, task_memory_gb=0.5, api_url="http://10.0.0.1:4200/api",
@@ -112,29 +105,6 @@ def test_make_task_runner_choices():
     assert r.init_kwargs["runtime_env"]["env_vars"] == {"A": "1", "PREFECT_API_URL": "http://10.0.0.1:4200/api"}
     assert r.duplicate() == r
     assert make_task_runner(debug=True).init_kwargs.get("log_to_driver", True) is True
-
-
-def test_serialized_context_keys_known(prefect_api):
-    """Fails if Prefect's serialize_context/hydrated_context change keys we rely on."""
-
-    @flow(task_runner=ThreadPoolTaskRunner())
-    def capture():
-        stock = serialize_context()
-        fast, key, blob = serialize_context_fast({"task": inc, "task_run_id": None, "task_inputs": {}})
-        return stock, fast, key
-
-    stock, fast, key = capture()
-    assert set(stock) == KNOWN_CONTEXT_KEYS, set(stock) ^ KNOWN_CONTEXT_KEYS
-    assert set(fast) == set(stock)
-    assert set(stock["settings_context"]) <= KNOWN_SETTINGS_KEYS
-    assert fast["settings_context"] == {} and len(key) == 40
-    for k in KNOWN_CONTEXT_KEYS - {"settings_context", "asset_context", "flow_run_context"}:
-        assert fast[k] == stock[k], k
-    assert set(fast["flow_run_context"]) == set(stock["flow_run_context"])
-    # hydrated_context must read exactly these keys (so an empty settings_context is skipped).
-    src = inspect.getsource(hydrated_context)
-    assert set(re.findall(r'serialized_context\.get\("(\w+)"\)', src)) == KNOWN_CONTEXT_KEYS
-    assert 'if settings_context := serialized_context.get("settings_context")' in src
 
 
 def test_chain_of_arrow_tables(prefect_api):

@@ -15,6 +15,7 @@ import time
 from datetime import datetime
 from functools import cache
 
+from tasks import compat
 from tasks.storage.backend import Backend
 
 # Payloads of at least MULTIPART_THRESHOLD bytes go up in parts of PART_SIZE (S3's minimum part is 5 MiB).
@@ -91,7 +92,7 @@ class S3Backend(Backend):
         fs, path = self.filesystem(uri)
         f = fs.open(path, "rb", cache_type="none", size=size)
         if size is not None:  # s3fs's range reads ask for `details` (a HEAD) unless they are already known
-            f._details = {"name": path, "size": size, "type": "file"}
+            f.details = {"name": path, "size": size, "type": "file"}  # fsspec's public setter
         return f
 
     def put(self, uri: str, data: bytes) -> None:
@@ -152,12 +153,9 @@ class S3Backend(Backend):
 
 
 def pin(opened, details: dict) -> None:
-    """Make an open s3fs file read only the version `details` (a HEAD reply) describes, as s3fs does itself
-    for a file opened without a size: If-Match on every ranged GET, or, where the store ignores If-Match
-    (`local_expiry_check`), s3fs's own comparison of each reply's ETag with `details`."""
-    opened.details = details
-    if not getattr(opened.fs, "local_expiry_check", False):
-        opened.read_kw = {**getattr(opened, "read_kw", {}), "IfMatch": details["ETag"]}
+    """Make an open s3fs file read only the version `details` (a HEAD reply) describes (s3fs internals:
+    tasks/compat.py)."""
+    compat.pin_s3_file(opened, details)
 
 
 def abort_upload(fs, bucket: str, key: str, upload: str) -> None:
