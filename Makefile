@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-all install bench clean
+.PHONY: demo test test-all mutants install bench clean
 
 # Installed from constraints.txt: the one known set of versions CI tests (pyproject.toml holds the ranges).
 $(BIN)/sidecar-ops: pyproject.toml constraints.txt
@@ -25,6 +25,10 @@ test: install
 
 test-all: install
 	$(BIN)/pytest -q
+
+# Every guarantee's mutant against its killing tests, in a temporary copy (docs/guarantees.md, Mutation table).
+mutants: install
+	$(BIN)/python tests/mutants.py --write-doc
 
 bench: install
 	$(BIN)/python bench/run.py --size full

@@ -1,0 +1,341 @@
+"""The mutation table of docs/guarantees.md, run by one command: `make mutants` (or `python tests/mutants.py`).
+
+Each mutant breaks one guarantee (or one weak test's point) by replacing an exact piece of text in one file;
+the named tests must then fail ("killed"). The shared working tree is never touched: the repository's files
+(tracked and untracked, not ignored) are copied into a temporary folder, every mutant is applied there one at a
+time, and its tests run from that folder with this venv (`python -m pytest -x`; the copy comes first on
+sys.path and PYTHONPATH, before the editable install). The unmutated copy must pass the same tests first, else
+the row is invalid. Not collected by pytest (no `test_` prefix); tests/test_mutants_table.py checks that this
+list and the doc's table agree.
+
+    python tests/mutants.py                 # every mutant; prints the table
+    python tests/mutants.py L4 A1           # only these
+    python tests/mutants.py --write-doc     # also rewrite the table in docs/guarantees.md
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "guarantees.md"
+BEGIN, END = "<!-- mutants:begin -->", "<!-- mutants:end -->"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    guarantee: str   # the row of docs/guarantees.md (or the weak test) it breaks
+    what: str        # the mutation, in words
+    file: str
+    original: str
+    replacement: str
+    tests: tuple[str, ...]
+
+
+W = "tests/test_write_path.py::"
+BAD = "tests/test_bad_inputs.py::test_bad_input"
+
+MUTANTS = [
+    # ------------------------------------------------------------ atomic shards
+    Mutant("A1", "Atomic shards", "local shard written straight to the final name (plain open(final, 'wb'))",
+           "tasks/storage/local.py",
+           "        return self._replace(uri, lambda temp: pq.write_table(table, temp, **options))",
+           "        pq.write_table(table, uri, **options)\n        return os.path.getsize(uri)",
+           (W + "test_a_write_failing_half_way_never_shows_at_the_final_name",)),
+    Mutant("A2", "Atomic shards", "local text write (`put`) straight to the final name", "tasks/storage/local.py",
+           "        self._replace(uri, write)", "        write(uri)",
+           (W + "test_text_writes_are_atomic_too",)),
+    Mutant("A3", "Atomic shards", "a failed write's temp file left behind", "tasks/storage/local.py",
+           "            if os.path.exists(temp):\n                os.unlink(temp)\n", "            pass\n",
+           ("tests/test_merge_kernel.py::test_failed_local_write_leaves_no_temp_file",
+            W + "test_a_write_failing_half_way_never_shows_at_the_final_name")),
+    Mutant("A4", "Atomic shards", "a failed multipart upload completed with the parts already in",
+           "tasks/storage/s3.py",
+           "        except BaseException:\n            abort_upload(fs, bucket, key, upload)\n            raise",
+           "        except BaseException:\n            fs.call_s3('complete_multipart_upload', Bucket=bucket, Key=key, "
+           "UploadId=upload, MultipartUpload={'Parts': parts})\n            raise",
+           (W + "test_a_multipart_upload_failing_after_a_part_leaves_no_object_and_no_upload",)),
+    # ------------------------------------------------------------ orphaned uploads
+    Mutant("O1", "No orphaned uploads after failures", "a failed multipart upload not aborted", "tasks/storage/s3.py",
+           "            abort_upload(fs, bucket, key, upload)\n            raise", "            raise",
+           (W + "test_a_multipart_upload_failing_after_a_part_leaves_no_object_and_no_upload",)),
+    Mutant("O2", "No orphaned uploads after failures", "sweep_stale keeps uploads older than the threshold",
+           "tasks/storage/s3.py", "            if started < cutoff:", "            if False:",
+           (W + "test_sweep_aborts_old_uploads_and_keeps_young_ones",)),
+    Mutant("O3", "No orphaned uploads after failures", "sweep_stale keeps a dead writer's temp file",
+           "tasks/storage/local.py", "    except ProcessLookupError:\n        return True",
+           "    except ProcessLookupError:\n        return False",
+           (W + "test_sweep_removes_a_dead_writers_temp_file_only",)),
+    # ------------------------------------------------------------ retries
+    Mutant("R1", "Retries with backoff on flaky storage", "every error permanent (never retried)", "tasks/merge.py",
+           "                      transient=not isinstance(exc, PERMANENT))", "                      transient=False)",
+           (W + "test_only_io_trouble_is_retried",)),
+    Mutant("R2", "Retries with backoff on flaky storage", "missing objects, denied access and arrow errors retried",
+           "tasks/merge.py", "                      transient=not isinstance(exc, PERMANENT))",
+           "                      transient=True)",
+           (W + "test_only_io_trouble_is_retried",)),
+    Mutant("R3", "Retries with backoff on flaky storage", "Prefect's retry condition retries every failure",
+           "tasks/prefect_tasks.py", "    return not isinstance(exc, ShardError) or exc.transient", "    return True",
+           (W + "test_only_io_trouble_is_retried",)),
+    # ------------------------------------------------------------ clean failure
+    Mutant("F1", "Clean failure when storage is down", "a write failure not named by shard and object",
+           "tasks/merge.py", '        raise _fail(relpath, f"writing {job.output_uri(relpath)}", exc) from exc',
+           "        raise", (BAD + "[access-denied-writing-the-output]",)),
+    # ------------------------------------------------------------ no writes outside
+    Mutant("W1", "No writes outside the output prefix", "check_relpath accepts '..', '.', empty segments",
+           "tasks/storage/__init__.py",
+           '    if not relpath or "\\0" in relpath or any(p in ("", ".", "..") for p in parts):', "    if False:",
+           (W + "test_check_relpath_refuses_paths_that_could_escape",)),
+    Mutant("W2", "No writes outside the output prefix", "write path backstop (check_write_path) does nothing",
+           "tasks/storage/backend.py", '        if any(p in (".", "..") for p in path.split("/")):',
+           "        if False:", (W + "test_write_atomic_refuses_dot_segments_on_every_backend",)),
+    Mutant("W3", "No writes outside the output prefix", "local backstop ignores paths that normalize differently",
+           "tasks/storage/local.py", "        if posixpath.normpath(uri) != uri:", "        if False:",
+           (W + "test_local_write_refuses_a_path_that_normalizes_differently",)),
+    Mutant("W4", "No writes outside the output prefix", "the plan accepts base keys with '..' segments",
+           "tasks/plan.py", "    if unsafe:", "    if False:", (BAD + "[dotdot-in-a-key]",)),
+    Mutant("W5", "No writes outside the output prefix", "an output prefix inside an input is allowed",
+           "tasks/storage/__init__.py", "    return a.startswith(b)", "    return a == b",
+           (BAD + "[output-inside-base]", BAD + "[output-inside-source]")),
+    # ------------------------------------------------------------ read-only inputs
+    Mutant("B1", "Base and sources are read-only", "the merged shard written over the base shard",
+           "tasks/merge.py", "        nbytes = storage.write_atomic(table.replace_schema_metadata(meta), "
+           "job.output_uri(relpath),",
+           "        nbytes = storage.write_atomic(table.replace_schema_metadata(meta), job.base_uri(relpath),",
+           (BAD + "[non-parquet-objects-ignored]",)),
+    # ------------------------------------------------------------ alignment
+    Mutant("L1", "Alignment asserted per shard", "key comparison skipped in the merge op",
+           "tasks/ops/alignment.py", "    if count:", "    if False:",
+           ("tests/test_merge_kernel.py::test_alignment_errors_name_shard_operation_and_rows",
+            "tests/test_property_merge.py::test_merge_is_aligned_or_fails_with_alignment_error")),
+    Mutant("L2", "Alignment asserted per shard", "a null key on both sides counts as equal",
+           "tasks/ops/alignment.py", "pc.fill_null(pc.equal(left, right), False)",
+           "pc.fill_null(pc.equal(left, right), True)",
+           ("tests/test_merge_kernel.py::test_null_key_on_both_sides_is_a_mismatch",)),
+    Mutant("L3", "Alignment asserted per shard", "row counts not compared", "tasks/ops/alignment.py",
+           "    if table.num_rows != source.num_rows:", "    if False:", (BAD + "[row-count-mismatch]",)),
+    Mutant("L4", "Alignment asserted per shard", "post-write check (merge.verify_output) does nothing",
+           "tasks/merge.py", "    uri = job.output_uri(relpath)\n    key = job.pipeline.dataset.key_column\n",
+           "    return stats\n    uri = job.output_uri(relpath)\n    key = job.pipeline.dataset.key_column\n",
+           (W + "test_post_write_check_fails_an_output_the_writer_got_wrong",)),
+    Mutant("L5", "Alignment asserted per shard", "post-write check skips the key comparison", "tasks/merge.py",
+           "        if len(base) != len(written) or not pc.all(pc.equal(base, written), min_count=0).as_py():",
+           "        if False:", (W + "test_post_write_check_fails_an_output_the_writer_got_wrong",)),
+    Mutant("L6", "Alignment asserted per shard", "post-write check skips the fingerprint", "tasks/merge.py",
+           "            if not prov or not job.pipeline.accepts(prov.get(\"fingerprint\")):",
+           "            if False:", (W + "test_post_write_check_fails_an_output_the_writer_got_wrong",)),
+    Mutant("L7", "Alignment asserted per shard", "the chain's verify task does not check", "tasks/prefect_tasks.py",
+           "    return merge.verify_output(job, relpath, stats)", "    return stats",
+           (W + "test_a_run_fails_the_shard_whose_output_fails_the_check",)),
+    Mutant("L8", "Alignment asserted per shard", "the fused task does not check", "tasks/prefect_tasks.py",
+           "    return write_unless_cached(job, relpath, state, check=merge.verify_output)",
+           "    return write_unless_cached(job, relpath, state, check=None)",
+           (W + "test_a_run_fails_the_shard_whose_output_fails_the_check",)),
+    Mutant("L9", "Alignment asserted per shard", "a fused retry trusts the output it finds (no check)",
+           "tasks/prefect_tasks.py", "    if check is not None:", "    if check is not None and found is None:",
+           ("tests/test_fused.py::test_fused_retry_runs_the_post_write_check_on_the_output_it_returns",)),
+    # ------------------------------------------------------------ resume
+    Mutant("S1", "Resume trusts only current outputs", "the planner trusts a stale output (input key ignored)",
+           "tasks/plan.py", '    if prov.get("input_key") != shard_key(prov["fingerprint"], relpath, inputs):',
+           "    if False:", ("tests/test_resume_inputs.py::test_changed_source_rewrites_exactly_that_shard",)),
+    Mutant("S2", "Resume trusts only current outputs", "the shard key ignores input identities", "tasks/merge.py",
+           '                       "inputs": inputs}, sort_keys=True)',
+           '                       "inputs": None}, sort_keys=True)',
+           ("tests/test_resume_inputs.py::test_changed_source_rewrites_exactly_that_shard",)),
+    Mutant("S3", "Resume trusts only current outputs", "an --overwrite retry keeps the previous run's output",
+           "tasks/prefect_tasks.py", "(job.overwrite and not job.kept_by_overwrite(prov))", "False",
+           ("tests/test_retry_cached.py::test_overwrite_retry_never_keeps_the_previous_output",)),
+    # ------------------------------------------------------------ identity
+    Mutant("I1", "Input identity never newer than the data", "local identity taken by path after the open",
+           "tasks/storage/local.py",
+           "        return local_identity(os.fstat(opened.fileno()) if opened is not None else os.stat(uri))",
+           "        return local_identity(os.stat(uri))",
+           ("tests/test_identity_pinned.py::test_replace_between_open_and_identity_never_records_the_newer_identity",)),
+    Mutant("I2", "Input identity never newer than the data", "an S3 file opened with a listed size not pinned",
+           "tasks/storage/s3.py", "            if opened is not None:\n                pin(opened, details)",
+           "            pass",
+           ("tests/test_identity_pinned.py::test_s3_file_opened_with_a_listed_size_is_pinned_when_its_identity_"
+            "is_taken",)),
+    # ------------------------------------------------------------ stale never current
+    Mutant("V1", "A stale output is never reported or verified as current", "verify's `current inputs` check "
+           "does nothing", "tasks/verify/checks.py",
+           '    if prov.get("input_key") != shard_key(prov["fingerprint"], footers.relpath, footers.inputs):',
+           "    if False:",
+           ("tests/test_stale_recompute.py::test_failed_recompute_of_a_stale_output_is_reported_and_fails_verify",)),
+    # ------------------------------------------------------------ nothing dropped
+    Mutant("D1", "Nothing dropped silently", "an empty (0-byte) base shard dropped by the listing",
+           "tasks/storage/__init__.py", '        if rel.endswith(".parquet"):',
+           '        if rel.endswith(".parquet") and size > 0:', (BAD + "[zero-byte-base-shard-fails]",)),
+    Mutant("D2", "Nothing dropped silently", "an optional operation matching no shard accepted as a no-op",
+           "tasks/plan.py", "    if lines := plan.unmatched_optional():", "    if False:",
+           (BAD + "[optional-source-matching-nothing]",)),
+    # ------------------------------------------------------------ keys
+    Mutant("K1", "Keys compare without conversion", "keys of different types compared as text",
+           "tasks/ops/alignment.py", "    if left.type == right.type:\n        return left, right\n",
+           "    if left.type != right.type:\n        return left.cast(pa.string()), right.cast(pa.string())\n",
+           ("tests/test_property_merge.py::test_zero_padded_text_never_aligns_with_a_number",)),
+    # ------------------------------------------------------------ concurrent writers
+    Mutant("C1", "Concurrent runs never mix writers", "two writers of one shard share a temp file name",
+           "tasks/storage/local.py", "{os.getpid()}-{uuid.uuid4().hex}", "{os.getpid()}-0",
+           (W + "test_two_interleaved_writers_of_one_shard_leave_one_whole_file",)),
+    # ------------------------------------------------------------ credentials
+    Mutant("X1", "Credentials never leave the environment", "the secret key written to the summary artifact",
+           "flows/artifacts.py", '                             description=f"merge of {pipeline}")',
+           '                             description=f"merge of {pipeline} '
+           '{__import__(\'os\').environ.get(\'AWS_SECRET_ACCESS_KEY\')}")',
+           ("tests/test_secrets.py::test_in_process_run_leaves_no_credential_in_the_api",)),
+    Mutant("X2", "Credentials never leave the environment", "credentials forwarded to remote workers",
+           "tasks/storage/__init__.py", "    return tuple(dict.fromkeys(name for b in (S3, LOCAL) for name in "
+           "b.env_names))", "    return tuple(dict.fromkeys(name for b in (S3, LOCAL) for name in b.env_names)) "
+           "+ ('AWS_SECRET_ACCESS_KEY',)",
+           ("tests/test_storage_backends.py::test_worker_env_names_are_settings_never_credentials",)),
+    # ------------------------------------------------------------ weak tests made strong (issue 18)
+    Mutant("T1", "(test) fused: one task run per shard", "a duplicate task run per shard", "flows/merge.py",
+           '            return [self.runner.submit(self.whole, {"job": self.job, "relpath": relpath})]',
+           '            self.runner.submit(self.whole, {"job": self.job, "relpath": relpath}).wait()\n'
+           '            return [self.runner.submit(self.whole, {"job": self.job, "relpath": relpath})]',
+           ("tests/test_fused.py::test_fused_run_equals_the_chain_and_records_one_task_per_shard",)),
+    Mutant("T2", "(test) the module map names every module", "tasks/merge.py missing from the map "
+           "(flows/merge.py still named)", "docs/architecture.md", "| `tasks/merge.py` |", "| `tasks/kernel.py` |",
+           ("tests/test_layers.py::test_the_module_map_names_every_module",)),
+]
+
+
+def repo_files() -> list[str]:
+    """Tracked and untracked (not ignored) files that exist now: the working tree as others see it."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, check=True).stdout.decode()
+    return sorted({f for f in out.split("\0") if f and (ROOT / f).is_file()})
+
+
+def copy_repo(dest: Path) -> None:
+    for rel in repo_files():
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target)
+
+
+def env_for(copy: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS",)}
+    env["PYTHONPATH"] = os.pathsep.join([str(copy), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def check_imports(copy: Path) -> None:
+    """The copy's modules, not the shared tree's (an editable install points there), are the ones imported."""
+    code = "import tasks, flows; print(tasks.__file__); print(flows.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=copy, env=env_for(copy), capture_output=True,
+                         text=True, check=True).stdout.split()
+    bad = [p for p in out if not Path(p).resolve().is_relative_to(copy.resolve())]
+    if bad:
+        sys.exit(f"imports resolve outside the copy: {bad}")
+
+
+def pytest(copy: Path, tests: list[str], stop_first: bool, xml: Path | None = None) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--strict-markers",
+            "--timeout=300", *(["-x"] if stop_first else []), *([f"--junitxml={xml}"] if xml else []), *tests]
+    return subprocess.run(argv, cwd=copy, env=env_for(copy), capture_output=True, text=True, timeout=1800)
+
+
+def failed_in(xml: Path) -> set[str]:
+    """Test node ids (file::name[param]) that failed or errored in a junit report."""
+    out = set()
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            path = case.get("classname", "").replace(".", "/") + ".py"
+            out.add(f"{path}::{case.get('name')}")
+    return out
+
+
+def matches(selector: str, node: str) -> bool:
+    return node == selector or node.startswith(selector + "[")
+
+
+def run(mutants: list[Mutant], verbose: bool) -> list[tuple[Mutant, str, float]]:
+    results = []
+    with tempfile.TemporaryDirectory(prefix="sidecar-mutants-") as tmp:
+        copy = Path(tmp) / "repo"
+        copy_repo(copy)
+        check_imports(copy)
+        selectors = sorted({t for m in mutants for t in m.tests})
+        xml = Path(tmp) / "baseline.xml"
+        start = time.monotonic()
+        base = pytest(copy, selectors, stop_first=False, xml=xml)
+        broken = failed_in(xml) if xml.exists() else set(selectors)
+        print(f"baseline (unmutated copy, {len(selectors)} test selectors): exit {base.returncode}, "
+              f"{time.monotonic() - start:.0f}s", flush=True)
+        if base.returncode not in (0, 1) and not broken:
+            print(base.stdout[-3000:], base.stderr[-3000:])
+        for m in mutants:
+            path = copy / m.file
+            text = path.read_text()
+            if text.count(m.original) != 1:
+                results.append((m, f"INVALID (original text found {text.count(m.original)} times)", 0.0))
+                print(f"{m.id}: {results[-1][1]}", flush=True)
+                continue
+            if any(matches(t, n) for t in m.tests for n in broken):
+                results.append((m, "INVALID (fails unmutated)", 0.0))
+                print(f"{m.id}: {results[-1][1]}", flush=True)
+                continue
+            path.write_text(text.replace(m.original, m.replacement))
+            start = time.monotonic()
+            try:
+                proc = pytest(copy, list(m.tests), stop_first=True)
+                outcome = "killed" if proc.returncode != 0 else "SURVIVED"
+            except subprocess.TimeoutExpired:
+                proc, outcome = None, "killed (timeout)"
+            finally:
+                path.write_text(text)
+            took = time.monotonic() - start
+            results.append((m, outcome, took))
+            print(f"{m.id}: {outcome} in {took:.0f}s  ({m.what})", flush=True)
+            if verbose and proc is not None:
+                print(proc.stdout[-1500:])
+    return results
+
+
+def table(results) -> str:
+    lines = ["| id | guarantee | mutant | file | killed by | result |", "|---|---|---|---|---|---|"]
+    for m, outcome, _ in results:
+        tests = "<br>".join(f"`{t}`" for t in m.tests)
+        lines.append(f"| {m.id} | {m.guarantee} | {m.what} | `{m.file}` | {tests} | {outcome} |")
+    return "\n".join(lines)
+
+
+def write_doc(text: str) -> None:
+    doc = DOC.read_text()
+    head, _, rest = doc.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ids", nargs="*", help="mutant ids (default: all)")
+    parser.add_argument("--write-doc", action="store_true", help="rewrite the table in docs/guarantees.md")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.ids or m.id in args.ids]
+    start = time.monotonic()
+    results = run(chosen, args.verbose)
+    text = table(results)
+    print(text)
+    print(f"{sum(o.startswith('killed') for _, o, _ in results)} of {len(results)} killed in "
+          f"{time.monotonic() - start:.0f}s")
+    if args.write_doc and not args.ids:
+        write_doc(text)
+    return 0 if all(o.startswith("killed") for _, o, _ in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
