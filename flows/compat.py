@@ -32,7 +32,7 @@ def _require(ok: bool, what: str, *dists: str) -> None:
 
 # ------------------------------------------------------------------------- Prefect: the thread pool runner
 
-def thread_pool_cancel_events(runner) -> dict:
+def cancel_events_of(runner) -> dict:
     """`ThreadPoolTaskRunner._cancel_events`: the threading.Event Prefect keeps per submitted task run, for the
     runner's whole life (~1 KB each; a 10^5-shard chain held 400,000). flows/scheduler.py pops a finished task's
     event; no public API forgets one. Gone or changed: loud, since a silent miss brings the memory growth back."""
@@ -284,6 +284,7 @@ def uvicorn_started(server) -> bool:
 PREFECT_CORE_TABLES = frozenset({"alembic_version", "flow", "flow_run", "flow_run_state", "task_run",
                                  "task_run_state", "log", "artifact", "block_type", "block_schema", "block_document"})
 REVISION_QUERY = "select version_num from alembic_version"
+REVISION_IN_DUMP = r"""^INSERT INTO "?alembic_version"? VALUES\('(\w+)'\)"""  # in a database's SQL dump
 SQLITE_MIGRATIONS = "server/database/_migrations/versions/sqlite"
 
 

@@ -27,7 +27,7 @@ class _ConsoleFilter(logging.Filter):
         return not record.name.startswith(NOISY_ON_CONSOLE)
 
 
-@functools.cache  # once a process: a second setup_logging() costs ~0.3 s and changes nothing
+@functools.cache  # once a process: setting Prefect's logging up again costs ~0.3 s and changes nothing
 def quiet_console(debug: bool) -> None:
     if debug:
         return

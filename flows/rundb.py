@@ -118,7 +118,7 @@ class Expected:
         if script is None:
             return cls(compat.PREFECT_CORE_TABLES, compat.migrations_head())
         tables = frozenset(re.findall(r'^CREATE TABLE "?(\w+)', script, re.MULTILINE))
-        found = re.search(r"""^INSERT INTO "?alembic_version"? VALUES\('(\w+)'\)""", script, re.MULTILINE)
+        found = re.search(compat.REVISION_IN_DUMP, script, re.MULTILINE)
         return cls(tables, found.group(1) if found else None)
 
 

@@ -21,7 +21,7 @@ the worker (which blocks it and makes Ray spawn extra workers).
    them (to upstream final ``State``s) before the task starts.
 
 Task semantics (retries, NotReady on failed upstreams, names, API reporting)
-are untouched: the worker still runs ``prefect.task_engine.run_task_sync``.
+are untouched: the worker still runs Prefect's task engine (``compat.run_task_in_worker``).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _settings_blob(ctx: SettingsContext) -> tuple[str, bytes]:
 
 
 def serialize_context_fast(asset_ctx_kwargs: dict[str, Any]) -> tuple[dict[str, Any], str, bytes]:
-    """``serialize_context()`` with ``settings_context`` split off and cached.
+    """Prefect's serialised task context with ``settings_context`` split off and cached.
 
     Returns ``(context_without_settings, settings_key, settings_blob)``.
     """
@@ -148,8 +148,8 @@ def _run_prefect_task_fast(
             wait_for = visit_collection(wait_for, visit_fn=fill, return_data=True)
 
     settings, client = _worker_state(settings_key, settings_blob)
-    # The engine's get_client()/SyncClientContext.get_or_create() pick up the
-    # active SyncClientContext, so no new HTTP client is built per task.
+    # The engine's client lookup picks up the shared client (compat.sharing_client),
+    # so no new HTTP client is built per task.
     with settings.model_copy(), compat.sharing_client(client):
         return compat.run_task_in_worker(
             task,

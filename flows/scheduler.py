@@ -150,7 +150,7 @@ class ShardThreadRunner(ThreadPoolTaskRunner):
 
     def submit(self, task, parameters, wait_for=None, dependencies=None):
         future = super().submit(task, parameters, wait_for, dependencies)
-        events = compat.thread_pool_cancel_events(self)
+        events = compat.cancel_events_of(self)
         future.wrapped_future.add_done_callback(lambda _f, key=future.task_run_id: events.pop(key, None))
         return future
 

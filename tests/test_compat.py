@@ -48,17 +48,17 @@ def test_the_error_names_versions_constraints_and_the_module():
 
 # -------------------------------------------------------------------------- Prefect: the thread pool runner
 
-def test_thread_pool_cancel_events():
+def test_cancel_events_of():
     from prefect.task_runners import ThreadPoolTaskRunner
 
     runner = ThreadPoolTaskRunner(max_workers=2)
-    events = compat.thread_pool_cancel_events(runner)
+    events = compat.cancel_events_of(runner)
     need(events == {} and "self._cancel_events[" in inspect.getsource(ThreadPoolTaskRunner.submit),
          "ThreadPoolTaskRunner.submit keeping an Event per task run in _cancel_events", "prefect")
     assert compat.thread_pool_size(runner) == 2
     del runner._cancel_events
     with raises_naming("prefect"):  # not `{}`: that silently brought the memory growth back
-        compat.thread_pool_cancel_events(runner)
+        compat.cancel_events_of(runner)
 
 
 def test_abandon_thread_pool():

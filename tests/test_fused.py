@@ -14,6 +14,7 @@ import pytest
 from core_fixtures import build, read_meta, read_table, swap_rows_fn
 from test_flow_local import REL, SHARDS, assert_clean, assert_output_equals_inputs, summary_counts
 
+from flows import compat
 from tasks import merge
 from tasks.errors import ShardError
 from tasks.merge import PROVENANCE_KEY
@@ -104,8 +105,8 @@ def test_the_driver_keeps_no_links_of_finished_shards(tmp_path, run, monkeypatch
 
     def watched(items, submit, *args, **kwargs):
         for done in real(items, submit, *args, **kwargs):
-            sizes.append(len(FlowRunContext.get().run_results))
-            events.append(len(submit.__self__.runner._cancel_events))  # Prefect's thread pool: one a task run
+            sizes.append(len(compat.result_links(FlowRunContext.get())))
+            events.append(len(compat.cancel_events_of(submit.__self__.runner)))  # Prefect's: one a task run
             yield done
 
     monkeypatch.setattr(flows.scheduler, "FORGET_EVERY", 8)

@@ -19,6 +19,8 @@ import pytest
 
 from core_fixtures import build
 
+from flows import compat
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -112,7 +114,7 @@ def schema_of(con: sqlite3.Connection) -> dict:
     statements = {name: sorted(line.strip().rstrip(",") for line in (sql or "").splitlines())
                   for name, sql in con.execute("select name, sql from sqlite_master")}
     return {"statements": statements,
-            "revision": con.execute("select version_num from alembic_version").fetchall(),
+            "revision": con.execute(compat.REVISION_QUERY).fetchall(),
             "block types": con.execute("select slug from block_type order by slug").fetchall(),
             "block schemas": con.execute("select checksum from block_schema order by checksum").fetchall()}
 
