@@ -6,7 +6,9 @@ Data goes under bench/data/<size>/ (gitignored, reused when its parameters match
 bench/out/results.json. W0 fixed cost, W1 merge kernel vs floor and peers, W2 orchestration (thread
 runner vs Ray), W3 resume, W4 scale and memory, W5 S3 request counts, W6 scaling in shard count (chain,
 fused, fused on Ray vs plain Ray and a sequential floor; Prefect server CPU and database growth), W7 end to
-end, each contender a fresh process (sidecar-ops run vs a plain pyarrow script; one-shard fixed cost). Ratios are against a floor
+end, each contender a fresh process (sidecar-ops run vs a plain pyarrow script; one-shard fixed cost), W8 S3 with a
+first-byte latency per request (default 15 ms; --w8-latency-ms): requests by kind, bytes, wall, against a minimal
+pyarrow script sequential and 8 shards at once, a resume and a one-shard run. Ratios are against a floor
 measured in the same run; values are medians of `repeats` runs. Nothing here asserts a time.
 """
 from __future__ import annotations
@@ -29,19 +31,20 @@ SIZES = {
                   w4_dry_shards=[200], w4_mem_rows=2_000, w4_driver_shards=[5, 20], w5_shards=2, w5_rows=1_000,
                   ray_overhead_tasks=0, w6_counts=[20, 60],
                   w6_max={"ray": 20, "plain_ray": 20},  # each Ray mode once: a local Ray takes 10-30 s to start here
-                  w7_shards=3, w7_rows=2_000),
+                  w7_shards=3, w7_rows=2_000, w8_shards=2, w8_rows=1_000),
     "small": dict(repeats=3, w0_rows=1_000, w1_shards=4, w1_rows=50_000, w2_shards=100, w2_repeats=3,
                   w3_shards=100, w4_dry_shards=[10_000], w4_mem_rows=25_000, w4_driver_shards=[100, 1_000],
                   w5_shards=2, w5_rows=25_000, ray_overhead_tasks=50, w6_counts=[100, 1_000, 3_000],
-                  w7_shards=12, w7_rows=20_000),
+                  w7_shards=12, w7_rows=20_000, w8_shards=12, w8_rows=20_000),
     "full": dict(repeats=3, w0_rows=1_000, w1_shards=16, w1_rows=250_000, w2_shards=1_000, w2_repeats=3,
                  w3_shards=1_000, w4_dry_shards=[10_000, 100_000], w4_mem_rows=250_000,
                  w4_driver_shards=[1_000, 10_000], w5_shards=4, w5_rows=50_000, ray_overhead_tasks=50,
                  # the per-operation chain at 100,000 shards would take over an hour on 2 cores: 30,000 at most; the
                  # sequential loop (no orchestration to scale) stops at 10,000 to keep W6 within a session
-                 w6_counts=[1_000, 10_000, 100_000], w6_max={"chain": 30_000, "sequential": 10_000}, w7_shards=12, w7_rows=200_000),
+                 w6_counts=[1_000, 10_000, 100_000], w6_max={"chain": 30_000, "sequential": 10_000}, w7_shards=12, w7_rows=200_000,
+                 w8_shards=24, w8_rows=20_000),
 }
-WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5", "W6", "W7")
+WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8")
 NEEDS_SERVER = {"W1", "W2", "W3", "W4", "W5"}  # W6 starts its own (measured) server; W7 runs as a user does
 
 
@@ -109,12 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--w6-counts", default=None, help="comma-separated shard counts for W6 (default: the size's)")
     p.add_argument("--w6-modes", default=None, help="comma-separated W6 modes (default: all): chain, fused, ray, "
                    "plain_ray, sequential")
+    p.add_argument("--w8-latency-ms", type=float, default=None, help="W8's first-byte latency per request (15)")
     args = p.parse_args(argv)
     size = dict(SIZES[args.size])
     if args.w6_counts:
         size["w6_counts"] = [int(n) for n in args.w6_counts.split(",")]
     if args.w6_modes:
         size["w6_modes"] = [m.strip() for m in args.w6_modes.split(",") if m.strip()]
+    if args.w8_latency_ms is not None:
+        size["w8_latency_ms"] = args.w8_latency_ms
     chosen = [w.strip().upper() for w in args.only.split(",") if w.strip()]
     data = Path(args.data) if args.data else BENCH / "data" / args.size
     data.mkdir(parents=True, exist_ok=True)
@@ -135,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     rows, errors, seconds = [], {}, {}
     modules = {"W0": "w0_fixed", "W1": "w1_kernel", "W2": "w2_orch", "W3": "w3_resume", "W4": "w4_scale",
-               "W5": "w5_s3", "W6": "w6_shards", "W7": "w7_end_to_end"}
+               "W5": "w5_s3", "W6": "w6_shards", "W7": "w7_end_to_end", "W8": "w8_latency"}
     with prefect_session() if NEEDS_SERVER & set(chosen) else _nothing():
         for w in chosen:
             print(f"[bench] {w} ({args.size}) ...", file=sys.stderr, flush=True)

@@ -42,6 +42,13 @@ EXPECTED["W7"] = ["(a) floor: plain pyarrow script, start -> exit", "(b) sidecar
                   "(c) sidecar-ops run --fuse-operations, start -> exit", "one shard: floor script, start -> exit",
                   "one shard, warm home: sidecar-ops run start -> exit",
                   "one shard, fresh home: sidecar-ops run start -> exit"]
+W8_A, W8_B, W8_C = "(a) script, sequential", "(b) script, 8 shards at once", "(c) sidecar-ops run"
+W8_D, W8_E = "(d) resume: sidecar-ops run on the finished output", "(e) one-shard sidecar-ops run"
+EXPECTED["W8"] = [f"{W8_A}: wall", f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: wall", f"{W8_E}: wall (start-up)",
+                  "(c) - (e): wall minus start-up", f"{W8_A}: requests per shard", f"{W8_B}: requests per shard",
+                  f"{W8_C}: requests per shard", f"{W8_D}: requests per shard", f"{W8_E}: requests",
+                  "(d) resume: requests per shard beyond the listings", f"{W8_A}: GET bytes per shard",
+                  f"{W8_C}: GET bytes per shard", f"{W8_D}: GET bytes per shard"]
 A, B, C, D, E = W6_MODES
 RATIO_ROWS = {("W1", name) for name in EXPECTED["W1"][1:]} | {
     ("W2", "--use-ray (FastRayTaskRunner), full flow"), ("W3", "resume rerun on complete output"),
@@ -49,7 +56,11 @@ RATIO_ROWS = {("W1", name) for name in EXPECTED["W1"][1:]} | {
     ("W6", f"{B} @ 60: wall"),                      # fused thread / chain thread
     ("W6", f"{C} @ 20: wall"),                      # fused Ray / plain-Ray floor
     ("W6", f"{A} @ 60: ms/shard"), ("W6", f"{B} @ 60: ms/shard"), ("W6", f"{E} @ 60: ms/shard"),  # / 20 shards
-    ("W6", f"{A} @ 60: driver peak RSS"), ("W6", f"{B} @ 60: driver peak RSS")}
+    ("W6", f"{A} @ 60: driver peak RSS"), ("W6", f"{B} @ 60: driver peak RSS"),
+    *(("W8", name) for name in (f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: wall", f"{W8_C}: requests per shard",
+                                f"{W8_C}: GET bytes per shard"))}
+# A difference of two walls: at smoke size (2 shards) it is noise around 0 and may be negative; reported all the same.
+SIGNED_RATIO_ROWS = {("W8", "(c) - (e): wall minus start-up")}
 
 
 def test_smoke_size_produces_every_row_and_ratio(tmp_path):
@@ -67,6 +78,8 @@ def test_smoke_size_produces_every_row_and_ratio(tmp_path):
             assert not math.isnan(rows[workload, name]["value"]), (workload, name)
     for key in RATIO_ROWS:
         assert rows[key]["ratio"] is not None and 0 < rows[key]["ratio"] < math.inf, key
+    for key in SIGNED_RATIO_ROWS:
+        assert rows[key]["ratio"] is not None and math.isfinite(rows[key]["ratio"]), key
     # W6 checked every run's output shard count; each Prefect mode's task runs were all recorded.
     for mode, counts in W6_MODES.items():
         for n in counts:
@@ -79,4 +92,13 @@ def test_smoke_size_produces_every_row_and_ratio(tmp_path):
     assert rows["W3", "resume: data reads (non-footer)"]["value"] == 0
     assert rows["W0", "--dry-run: start -> exit"]["note"] == "no Prefect server started"
     assert rows["W5", "resume: S3 requests per shard"]["note"].find("PUT") == -1
+    # W8 counts requests (through the proxy, with its latency): each contender writes each shard once, the
+    # script the same requests sequentially and 8 at once, the resume writes nothing and reads something.
+    w8 = {name: rows["W8", name] for name in EXPECTED["W8"]}
+    assert w8[f"{W8_A}: requests per shard"]["value"] == w8[f"{W8_B}: requests per shard"]["value"] > 0
+    for name in (W8_A, W8_B, W8_C):
+        assert "PUT 1;" in w8[f"{name}: requests per shard"]["note"], w8[f"{name}: requests per shard"]
+    resume = w8[f"{W8_D}: requests per shard"]
+    assert "PUT" not in resume["note"] and "GET" in resume["note"], resume
+    assert w8["(d) resume: requests per shard beyond the listings"]["value"] > 0
     assert "| W1 | (a) floor: minimal pyarrow |" in proc.stdout

@@ -1,5 +1,6 @@
 """Counting what storage reads: a wrapper around tasks.storage.filesystem (local files, in-process) and a
-tiny HTTP proxy in front of moto (S3 requests by type, from any process).
+tiny HTTP proxy in front of moto (S3 requests by type, from any process), optionally adding a first-byte
+latency to every answer (W8: a round trip that costs what it costs on real S3, not loopback's ~0).
 
 A read is a *footer read* when it reaches the last 8 bytes of the file (pyarrow reads parquet footers
 from the tail); any other read touches column data.
@@ -11,6 +12,7 @@ import contextlib
 import http.client
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -100,10 +102,16 @@ class RequestLog:
     def __init__(self):
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, int]] = []  # (kind, key, response bytes)
+        self.entries: list[dict] = []  # one per request, in arrival order of the answers: see _Proxy._forward
 
     def clear(self) -> None:
         with self.lock:
             self.requests.clear()
+            self.entries.clear()
+
+    def snapshot(self) -> list[dict]:
+        with self.lock:
+            return list(self.entries)
 
     def counts(self) -> collections.Counter:
         with self.lock:
@@ -131,17 +139,51 @@ def classify(method: str, path: str, query: str, headers) -> str:
     return method
 
 
+# W8's kinds: what a request costs on S3 (LIST, HEAD, GET, PUT, and each step of a multipart upload).
+W8_KINDS = ("LIST", "HEAD", "GET", "PUT", "MPU create", "MPU part", "MPU complete", "MPU abort", "other")
+
+
+def coarse_kind(method: str, path: str, query: str) -> str:
+    """One of W8_KINDS. Listing multipart uploads (GET ?uploads) is a LIST; a bucket HEAD is a HEAD."""
+    q = parse_qs(query, keep_blank_values=True)
+    key = path.lstrip("/").partition("/")[2]
+    if method == "GET":
+        return "LIST" if ("list-type" in q or "uploads" in q or not key) else "GET"
+    if method == "HEAD":
+        return "HEAD"
+    if method == "PUT":
+        return "MPU part" if "partNumber" in q else "PUT"
+    if method == "POST" and "uploads" in q:
+        return "MPU create"
+    if method == "POST" and "uploadId" in q:
+        return "MPU complete"
+    if method == "DELETE" and "uploadId" in q:
+        return "MPU abort"
+    return "other"
+
+
 class _Proxy(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     upstream: tuple[str, int]
     log: RequestLog
+    latency: float = 0.0  # seconds added before every answer (first-byte latency)
 
     def _forward(self):
+        t_in = time.time()
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
+        chunked = "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
+        if chunked:  # pyarrow's (AWS C++ SDK) uploads: de-chunk, forward with a Content-Length
+            body = self._read_chunked()
+            length = len(body)
+        if self.latency:
+            time.sleep(self.latency)
         conn = http.client.HTTPConnection(*self.upstream, timeout=120)
         try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+            headers = {k: v for k, v in self.headers.items()
+                       if k.lower() not in ("connection", "transfer-encoding", "expect")}
+            if chunked:
+                headers["Content-Length"] = str(length)
             conn.request(self.command, self.path, body=body, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
@@ -149,8 +191,12 @@ class _Proxy(BaseHTTPRequestHandler):
             conn.close()
         parts = urlsplit(self.path)
         kind = classify(self.command, parts.path, parts.query, self.headers)
+        entry = {"t": t_in, "kind": coarse_kind(self.command, parts.path, parts.query), "method": self.command,
+                 "path": parts.path, "query": parts.query, "range": self.headers.get("Range") or "",
+                 "status": resp.status, "bytes": len(data), "sent": length}
         with self.log.lock:
             self.log.requests.append((kind, parts.path, len(data)))
+            self.log.entries.append(entry)
         self.send_response(resp.status)
         for k, v in resp.getheaders():
             if k.lower() not in ("transfer-encoding", "connection", "content-length", "date", "server"):
@@ -163,15 +209,31 @@ class _Proxy(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _read_chunked(self) -> bytes:
+        parts = []
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(parts)
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()
+
     do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
 
     def log_message(self, *args):
         pass
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # the default backlog (5) drops connections of 8+ concurrent clients: 1 s SYN retries
+
+
 @contextlib.contextmanager
-def moto_with_proxy():
-    """moto in server mode on loopback, and a counting proxy in front of it; yields (proxy URL, RequestLog)."""
+def moto_with_proxy(latency_ms: float = 0.0):
+    """moto in server mode on loopback, and a counting proxy in front of it; yields (proxy URL, RequestLog).
+    `latency_ms` is added to every answer (each request waits that long before it is forwarded)."""
     import socket
 
     import logging
@@ -186,8 +248,9 @@ def moto_with_proxy():
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     moto.start()
     log = RequestLog()
-    handler = type("Proxy", (_Proxy,), {"upstream": ("127.0.0.1", port), "log": log})
-    proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    handler = type("Proxy", (_Proxy,), {"upstream": ("127.0.0.1", port), "log": log,
+                                        "latency": latency_ms / 1000.0})
+    proxy = _Server(("127.0.0.1", 0), handler)
     proxy.daemon_threads = True
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()

@@ -2,7 +2,9 @@
 
     probe.py cli OUT.json -- ARGS...      `sidecar-ops ARGS...` (same entry point as the console script),
                                            recording when the first shard task starts, whether a Prefect
-                                           server was started, and the driver's peak RSS
+                                           server was started, and the driver's peak RSS; with
+                                           SIDECAR_BENCH_S3_TRACE=PATH, which code made each S3 request
+                                           (bench/workloads/s3trace.py)
     probe.py merge OUT.json PIPELINE OUTPUT WARMUP_RELPATH RELPATH
                                            tasks.merge.merge_shard on a tiny warm-up shard (lazy imports,
                                            kernel registries, thread pools), then on RELPATH: RSS before,
@@ -27,6 +29,13 @@ from bench.workloads.common import maxrss_mb, rss_mb  # noqa: E402 (needs the sy
 def cli(args: list[str]) -> dict:
     report: dict = {"first_task_at": None, "server_entered_at": None, "server_ready_at": None}
     import contextlib
+    import os
+
+    trace = os.environ.get("SIDECAR_BENCH_S3_TRACE")  # W8: which code issues each S3 request
+    if trace:
+        from bench.workloads import s3trace
+
+        s3trace.install(trace)
 
     from flows.cli import main
     import flows.server
@@ -48,7 +57,11 @@ def cli(args: list[str]) -> dict:
 
     tasks.merge.read_base, flows.server.prefect_api = read_base, prefect_api
     report["imported_at"] = time.time()
-    report["exit_code"] = main(args)
+    try:
+        report["exit_code"] = main(args)
+    finally:
+        if trace:
+            s3trace.dump()
     report["prefect_imported"] = "prefect" in sys.modules
     return report
 
