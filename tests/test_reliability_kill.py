@@ -1,17 +1,20 @@
-"""Killed runs: SIGKILL a real `sidecar-ops run` process at random points, on local disk and on S3.
+"""Killed runs: SIGKILL a real `sidecar-ops run` process at chosen points, on local disk and on S3.
 
-After every kill: no partial shard under a final name (every *.parquet reads fully with the base's row
-count) and no complete shard was touched. Then a rerun with --skip-existing rewrites only the missing
-shards and the output verifies.
+Each run is held (tests/barrier/sitecustomize.py) at a point the test chose, then SIGKILLed there: in its
+first shard's read, half-way through an output write (a local temp file written but not renamed; an S3
+multipart upload with one part in), and between shards. After every kill: no partial shard under a final name
+(every *.parquet reads fully with the base's row count), the half-written state is really there (the temp
+file, the pending upload), and no complete shard was touched. Then a rerun with --skip-existing sweeps the
+leftovers, rewrites only the missing shards and the output verifies.
 """
 from __future__ import annotations
 
 import os
-import random
 import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,10 +26,15 @@ from tasks import storage
 
 pytestmark = pytest.mark.slow
 
-KILLS = 5
 SHARDS = 60
 ROWS = 300
 SUMMARY = re.compile(r"shards: (\d+) total, (\d+) merged, (\d+) skipped \(already complete\), (\d+) failed")
+# Where each successive run is killed: (hold variable, which read or write of that run holds)
+KILL_POINTS = [("SIDECAR_OPS_TEST_HOLD_AT", 1),        # the first shard's read: nothing written yet
+               ("SIDECAR_OPS_TEST_HOLD_WRITE_AT", 2),  # half-way through the second output write
+               ("SIDECAR_OPS_TEST_HOLD_AT", 4),        # between shards: some complete, one read in flight
+               ("SIDECAR_OPS_TEST_HOLD_WRITE_AT", 3)]
+HOOKS = str(REPO / "tests" / "barrier")
 
 
 def shard_count(output: str) -> int:
@@ -44,66 +52,52 @@ def wait_for(condition, timeout: float = 120, poll: float = 0.01) -> None:
         time.sleep(poll)
 
 
-def kill_at_random_point(args: list[str], env: dict, output: str, rng: random.Random) -> str:
-    """Start the run, SIGKILL its process group at a random point; returns where it was killed."""
-    start_count = shard_count(output)
+def kill_when_held(args: list[str], env: dict, hold: Path, point: tuple[str, int]) -> str:
+    """Start the run held at `point`, SIGKILL its process group once it is there; returns what it held in."""
+    hold.mkdir(parents=True)
+    env = {**env, "SIDECAR_OPS_TEST_HOLD": str(hold), point[0]: str(point[1]),
+           "PYTHONPATH": os.pathsep.join([HOOKS, env["PYTHONPATH"]])}
     proc = subprocess.Popen(cli_command(*args), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_shards = rng.choice([0, 1, 1, 2, 3])
-        if wait_shards == 0:  # somewhere in start-up, planning or the first shard
-            deadline = time.monotonic() + rng.uniform(1.0, 4.0)
-            while time.monotonic() < deadline and proc.poll() is None:
-                time.sleep(0.02)
-            where = "during start-up / first shards"
-        else:  # after a few shards landed, plus a random bit more: mid-write of later shards
-            wait_for(lambda: shard_count(output) >= start_count + wait_shards or proc.poll() is not None)
-            time.sleep(rng.uniform(0.0, 0.3))
-            where = f"after {wait_shards} new shard(s)"
-        if proc.poll() is not None:
-            return f"finished on its own (exit {proc.returncode})"
+        wait_for(lambda: (hold / "held").exists() or proc.poll() is not None)
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before it reached {point}"
         os.killpg(proc.pid, signal.SIGKILL)
-        return where
+        return (hold / "held").read_text()
     finally:
         if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_sigkill_at_random_points_then_resume(where, tmp_path, prefect_api, request, monkeypatch):
+def test_sigkill_at_chosen_points_then_resume(where, tmp_path, prefect_api, request, monkeypatch):
     root = str(tmp_path / "data") + "/" if where == "local" else request.getfixturevalue("s3_root")
     demo = make_demo(tmp_path, root, shards=SHARDS, rows=ROWS)
     inputs = {name: snapshot(prefix) for name, prefix in demo.prefixes.items()}
-    # On S3, outputs go up as multipart uploads of small parts, so some kills land mid-upload.
+    # On S3, outputs go up as multipart uploads of small parts, so a write can be held mid-upload.
     env = cli_env(PREFECT_API_URL=prefect_api, **(allow_small_parts(monkeypatch) if where == "s3" else {}))
     args = ["run", demo.pipeline, "--output-prefix", demo.output, "--skip-existing", "--max-inflight", "2"]
-    rng = random.Random(f"kill-{where}")
-    kills, log = 0, []
-    for _ in range(KILLS + 3):
-        if kills == KILLS:
-            break
+    log = []
+    for n, point in enumerate(KILL_POINTS):
         before = snapshot(demo.output)
         complete_before = {rel: md5 for rel, md5 in before.items() if rel.endswith(".parquet")}
-        point = kill_at_random_point(args, env, demo.output, rng)
-        kills += not point.startswith("finished")
+        held = kill_when_held(args, env, tmp_path / f"hold-{n}", point)
         present = assert_no_partial_shard(demo)
         after = snapshot(demo.output)
+        temps = [rel for rel in after if not rel.endswith(".parquet")]
         uploads = pending_uploads(request.getfixturevalue("moto_endpoint"), root) if where == "s3" else []
-        log.append(f"{point}: {len(present)} complete, {len(after) - len(present)} temp, "
-                   f"{len(uploads)} uploads")
+        log.append(f"{point} in {held}: {len(present)} complete, {len(temps)} temp, {len(uploads)} uploads")
         for rel, md5 in complete_before.items():
-            assert after.get(rel) == md5, f"complete shard {rel} was rewritten by a resumed run ({point})"
-        strays = [rel for rel in after if not rel.endswith(".parquet")]
-        assert all(os.path.basename(rel).startswith(storage.TEMP_MARK) for rel in strays), strays
+            assert after.get(rel) == md5, f"complete shard {rel} was rewritten by a resumed run ({held})"
+        assert all(os.path.basename(rel).startswith(storage.TEMP_MARK) for rel in temps), temps
+        if point[0] == "SIDECAR_OPS_TEST_HOLD_WRITE_AT":  # the kill landed mid-write: its leftovers are there
+            assert (uploads if where == "s3" else temps), f"no half-written state after a kill in {held}"
         assert len(present) < SHARDS, f"the run finished before it could be killed: {log}"
-    assert kills >= KILLS, log
 
     complete = {rel: md5 for rel, md5 in snapshot(demo.output).items() if rel.endswith(".parquet")}
+    assert complete, log
     res = run_cli(*args, env=env)
     assert res.returncode == 0, res.stderr
     total, merged, skipped, failed = map(int, SUMMARY.search(res.stdout).groups())
@@ -140,7 +134,8 @@ def test_ctrl_c_on_the_thread_runner_exits_130_then_resumes(tmp_path, prefect_ap
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 130, err
-    assert "interrupted; rerun the same command to resume" in err and "Traceback" not in err
+    assert "interrupted by SIGINT: " in err and "rerun the same command to resume" in err, err
+    assert "Traceback" not in err
     present = assert_no_partial_shard(demo)
     assert 3 <= len(present) < SHARDS
     complete = {rel: md5 for rel, md5 in snapshot(demo.output).items() if rel.endswith(".parquet")}

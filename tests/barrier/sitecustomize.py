@@ -5,7 +5,10 @@ reached one (a file per process in DIR), so concurrent runs start their shard wo
 
 SIDECAR_OPS_TEST_HOLD=DIR: the SIDECAR_OPS_TEST_HOLD_AT-th base read of the process (1-based) creates
 DIR/held and waits until DIR/release exists (forever if it never does): the test then knows exactly which
-shards are done and which one is in flight when it acts (a signal, a kill).
+shards are done and which one is in flight when it acts (a signal, a kill). With
+SIDECAR_OPS_TEST_HOLD_WRITE_AT=N instead, the N-th output write holds half-way: on local disk once its temp
+file is written (before the fsync and the rename), on S3 once the first part of its multipart upload is in
+(before the rest and the completion).
 """
 import os
 
@@ -16,25 +19,72 @@ if os.environ.get("SIDECAR_OPS_TEST_BARRIER") or os.environ.get("SIDECAR_OPS_TES
     from tasks import merge
 
     _real_read_base = merge.read_base
-    _reads = []
     _lock = threading.Lock()
 
     def wait_for(condition, deadline=None):
         while not condition() and (deadline is None or time.monotonic() < deadline):
             time.sleep(0.01)
 
+    def hold(what: str) -> None:
+        folder = os.environ["SIDECAR_OPS_TEST_HOLD"]
+        open(os.path.join(folder, "held"), "w").write(what)
+        wait_for(lambda: os.path.exists(os.path.join(folder, "release")))
+
+    def counted(name: str) -> int:
+        with _lock:
+            _counts[name] = _counts.get(name, 0) + 1
+            return _counts[name]
+
+    _counts = {}
+
     def read_base(job, relpath):
         if folder := os.environ.get("SIDECAR_OPS_TEST_BARRIER"):
             parties = int(os.environ["SIDECAR_OPS_TEST_PARTIES"])
             open(os.path.join(folder, f"ready-{os.getpid()}"), "w").close()
             wait_for(lambda: len(os.listdir(folder)) >= parties, time.monotonic() + 120)
-        if folder := os.environ.get("SIDECAR_OPS_TEST_HOLD"):
-            with _lock:
-                _reads.append(relpath)
-                count = len(_reads)
-            if count == int(os.environ.get("SIDECAR_OPS_TEST_HOLD_AT", "1")):
-                open(os.path.join(folder, "held"), "w").write(relpath)
-                wait_for(lambda: os.path.exists(os.path.join(folder, "release")))
+        at = os.environ.get("SIDECAR_OPS_TEST_HOLD_AT")
+        if at and counted("read") == int(at):
+            hold(relpath)
         return _real_read_base(job, relpath)
 
     merge.read_base = read_base
+
+    if os.environ.get("SIDECAR_OPS_TEST_HOLD_WRITE_AT"):
+        from tasks.storage.local import LocalBackend
+        from tasks.storage.s3 import S3Backend
+
+        write_at = int(os.environ["SIDECAR_OPS_TEST_HOLD_WRITE_AT"])
+        _real_replace, _real_s3_filesystem = LocalBackend._replace, S3Backend.filesystem
+
+        def _replace(path, write):
+            def write_then_hold(temp):
+                write(temp)
+                if counted("write") == write_at:
+                    hold(f"local temp file of {path}")
+            return _real_replace(path, write_then_hold)
+
+        class HeldUploads:
+            """The s3fs filesystem, but the first part of the held write's upload holds once it is in."""
+
+            def __init__(self, fs):
+                self._fs = fs
+
+            def __getattr__(self, name):
+                return getattr(self._fs, name)
+
+            def call_s3(self, method, *args, **kwargs):
+                out = self._fs.call_s3(method, *args, **kwargs)
+                if method == "create_multipart_upload":
+                    self._write = counted("write")
+                if method == "upload_part" and kwargs.get("PartNumber") == 1 and self._write == write_at:
+                    hold(f"multipart upload of {kwargs.get('Key')}, part 1 in")
+                if method == "put_object":
+                    counted("write")
+                return out
+
+        def s3_filesystem(self, uri):
+            fs, path = _real_s3_filesystem(self, uri)
+            return HeldUploads(fs), path
+
+        LocalBackend._replace = staticmethod(_replace)
+        S3Backend.filesystem = s3_filesystem
