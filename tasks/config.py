@@ -8,10 +8,10 @@ from pathlib import Path
 
 from tasks import storage
 from tasks.coltypes import ColumnType, builtin_types
-from tasks.models import DatasetSpec, PipelineSpec
-from tasks.ops import OPERATIONS, Operation
+from tasks.models import DatasetSpec, OperationEntry, PipelineSpec
+from tasks.ops import OPERATIONS, FieldProblem, Operation
 from tasks.validation import located, validate
-from tasks.yamlsrc import ConfigError, Fields, display_path, load_yaml
+from tasks.yamlsrc import ConfigError, display_path, load_yaml
 
 
 @dataclass(frozen=True)
@@ -81,14 +81,6 @@ def _hash(doc: dict) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def prefix_field(fields: Fields, key: str) -> str:
-    value = fields.name(key, what="prefix (s3://bucket/path/ or a local path)")
-    try:
-        return storage.normalize_prefix(value)
-    except ValueError as exc:
-        raise fields.fail(key, str(exc)) from None
-
-
 def load_dataset(path: str | Path) -> Dataset:
     shown = display_path(path)
     raw = load_yaml(path)
@@ -142,20 +134,26 @@ def load_pipeline(path: str | Path, datasets_dir: str | None = None) -> Pipeline
         raise located(shown, raw, ("dataset",),
                       f"unknown dataset {spec.dataset!r}: no file {display_path(str(exc))}") from None
     dataset = load_dataset(dataset_path)
-    top, ops_raw = Fields(shown, raw), raw["operations"]
-    operations, op_fields = [], []
-    for i, item in enumerate(ops_raw):
-        op = Fields(shown, item, f"operations[{i}]", ops_raw.item_lines.get(i, top.line))
-        kind = op.name("type", what="operation type")
-        if kind not in OPERATIONS:
-            raise op.fail("type", f"unknown operation type {kind!r} (known: {', '.join(sorted(OPERATIONS))})")
-        operations.append(OPERATIONS[kind].from_yaml(op, dataset, prefix_field))
-        op.done()
-        op_fields.append(op)
-    for op, fields in zip(operations, op_fields):
-        for key, message in op.conflicts(dataset, tuple(operations)):
-            raise fields.fail(key, message)
-    return Pipeline(path=shown, dataset=dataset, operations=tuple(operations))
+    ops_raw = raw["operations"]
+    entries = [(item, f"operations[{i}]", ops_raw.item_lines.get(i, raw.line)) for i, item in enumerate(ops_raw)]
+    operations = tuple(load_operation(shown, *entry, dataset) for entry in entries)
+    for op, (item, path, line) in zip(operations, entries):
+        for key, message in op.conflicts(dataset, operations):
+            raise located(shown, item, (key,), message, path, line)
+    return Pipeline(path=shown, dataset=dataset, operations=operations)
+
+
+def load_operation(shown: str, item, path: str, line: int, dataset: Dataset) -> Operation:
+    """One entry of `operations`, validated by its class's pydantic model, then built against the dataset."""
+    kind = validate(OperationEntry, item, shown, path, line).type
+    if kind not in OPERATIONS:
+        raise located(shown, item, ("type",), f"unknown operation type {kind!r} (known: "
+                                              f"{', '.join(sorted(OPERATIONS))})", path, line)
+    cls = OPERATIONS[kind]
+    try:
+        return cls.from_spec(validate(cls.spec, item, shown, path, line), dataset)
+    except FieldProblem as problem:
+        raise located(shown, item, (problem.field,), problem.message, path, line) from None
 
 
 def check_output_prefix(pipeline: Pipeline, output_prefix: str) -> None:

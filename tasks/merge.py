@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from tasks import storage
 from tasks.config import Pipeline
 from tasks.errors import ShardError
+from tasks.ops import History, Status, provenance_record
 from tasks.parquet_errors import unreadable_parquet
 
 PROVENANCE_KEY = b"sidecar_ops"
@@ -82,7 +83,7 @@ class Job:
 class ShardState:
     table: pa.Table
     row_group_size: int | None
-    records: list[dict] = field(default_factory=list)
+    records: list[dict] = field(default_factory=list)  # each step's provenance record (tasks.ops.provenance_record)
     base_input: str = ""  # identity of the base shard as read (storage.file_identity)
 
     def inputs(self) -> dict:
@@ -143,11 +144,13 @@ def read_base(job: Job, relpath: str) -> ShardState:
 
 
 def apply_step(job: Job, relpath: str, index: int, state: ShardState) -> ShardState:
-    op = job.pipeline.operations[index]
+    ops = job.pipeline.operations
+    op, history = ops[index], History.of(ops[:index], state.records)
     try:
-        table, record = op.apply(state.table, job.pipeline.dataset, relpath)
+        table, step = op.apply(state.table, job.pipeline.dataset, relpath, history)
     except Exception as exc:
         raise _fail(relpath, f"operations[{index}] ({op.describe()})", exc) from exc
+    record = provenance_record(op, step)
     return ShardState(table, state.row_group_size, [*state.records, record], state.base_input)
 
 
@@ -175,7 +178,7 @@ def check_extensions(job: Job, schema: pa.Schema, allow_missing: bool = False) -
 
 
 def write_output(job: Job, relpath: str, state: ShardState) -> ShardStats:
-    skipped = sum(r.get("status") == "skipped_missing_sibling" for r in state.records)
+    skipped = sum(r.get("status") == Status.SKIPPED.value for r in state.records)
     table = state.table
     try:
         check_extensions(job, table.schema, allow_missing=skipped > 0)

@@ -97,4 +97,12 @@ class PipelineSpec(Spec):
                     "(--datasets-dir overrides), or a path to its YAML (relative to this file).")
     operations: Annotated[list[Any], Says(too_short="needs at least one operation")] = Field(
         min_length=1, description="The steps, applied in order to every shard; at least one. Each is a mapping "
-                                  "whose `type` names the operation (merge_from_sidecar).")
+                                  "whose `type` names the operation, e.g. merge_from_sidecar.")
+
+
+class OperationEntry(Spec):
+    """One entry of `operations` as far as choosing its class goes: its `type` (the class validates the rest)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Annotated[str, NonBlank, Name("operation type")]

@@ -20,7 +20,7 @@ import pyarrow as pa
 from tasks import storage
 from tasks.errors import ConfigError, ShardError
 from tasks.merge import Job, check_extensions, read_provenance, shard_inputs, shard_key
-from tasks.ops import ABSENT, NO_INPUT, Input
+from tasks.ops import ABSENT, NO_INPUT, History, Input, Status, Step
 
 FOOTER_THREADS = 32
 
@@ -242,16 +242,18 @@ def inspect_schemas(plan: Plan, n: int) -> tuple[pa.Schema | None, list[str]]:
             continue
         if dataset.image_column in current.names:
             current = current.remove(current.get_field_index(dataset.image_column))
-        skipped = False
+        skipped, history = False, History()
         for i, op in enumerate(job.pipeline.operations):
             source = plan.input(i)
             if source and not plan.has_sibling(i, rel):
                 skipped = skipped or not source.required
                 if source.required:
                     problems.append(f"shard {rel}: operations[{i}] ({op.describe()}): sibling shard missing")
+                history = history.then(op, Step(Status.SKIPPED if not source.required else Status.FAILED))
                 continue
             try:
-                current, _ = op.plan(current, dataset, rel)
+                current, step = op.plan(current, dataset, rel, history)
+                history = history.then(op, step)
             except Exception as exc:
                 detail = str(exc) if isinstance(exc, ShardError) else f"{type(exc).__name__}: {exc}"
                 problems.append(f"shard {rel}: operations[{i}] ({op.describe()}): {detail}")

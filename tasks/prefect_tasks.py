@@ -15,6 +15,7 @@ from prefect.states import Completed
 
 from tasks import merge, storage
 from tasks.errors import ShardError
+from tasks.ops import Status
 from tasks.merge import Job, ShardState, ShardStats
 from tasks.plan import judge_output
 
@@ -67,7 +68,7 @@ def cached_output(job: Job, relpath: str, state: ShardState) -> ShardStats | Non
         return None
     if meta.num_rows != state.table.num_rows or (job.overwrite and not job.kept_by_overwrite(prov)):
         return None
-    skipped = sum(r.get("status") == "skipped_missing_sibling" for r in prov.get("operations") or [])
+    skipped = sum(r.get("status") == Status.SKIPPED.value for r in prov.get("operations") or [])
     return ShardStats(relpath, rows=meta.num_rows, bytes=size, skipped_ops=skipped)
 
 

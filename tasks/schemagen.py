@@ -4,7 +4,8 @@
     python -m tasks.schemagen --check docs/schemas     exit 1 if they are out of date
 
 The dataset schema is tasks.models.DatasetSpec's; the pipeline schema is PipelineSpec's with each operation
-entry described by its class: `cls.json_schema()` (the operation protocol, tasks/ops/base.py).
+entry described by its class: `cls.json_schema()`, generated from the pydantic model of its fields (`cls.spec`,
+the operation protocol in tasks/ops/base.py).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The models declare the shape (strict types, unknown fields refused); this module turns pydantic's first error into
 the wording users have always seen, with the line of the offending key or item that tasks.yamlsrc recorded. A
 field's markers say how to phrase it: `Name` for a non-empty string such as a column name, `Says` for a message of
-its own keyed by pydantic's error type.
+its own keyed by pydantic's error type, `Items` for a list whose bad item is reported on the list's line.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ M = TypeVar("M", bound=BaseModel)
 
 NonBlank = StringConstraints(pattern=r"\S")
 
-# pydantic's error type for a wrong type -> what the value must be, in the words of tasks.yamlsrc.Fields
+# pydantic's error type for a wrong type -> what the value must be, in the words users have always seen
 EXPECTED = {"bool_type": "true or false", "string_type": "a string", "int_type": "an integer",
             "float_type": "a number", "list_type": "a list", "dict_type": "a mapping"}
 
@@ -30,6 +30,15 @@ class Name:
 
     def __init__(self, what: str):
         self.what = what
+
+
+class Items:
+    """Marks a list or mapping field whose bad item (value) is reported on the field itself: `message` formatted
+    with the field's `name` and the item's `index` (list) or key (mapping), e.g. "{name}[{index}] must be a
+    non-empty column name". A bad key of a mapping is `Says(dict_key=...)`'s."""
+
+    def __init__(self, message: str):
+        self.message = message
 
 
 class Says:
@@ -72,6 +81,11 @@ def config_error(model: type[BaseModel], data: Any, source: str, error: dict, pa
         info, _ = field_at(model, loc[:-2])
         return located(source, data, loc[:-2], _says(info, "dict_key") or "keys must be non-empty strings", path,
                        parent_line)
+    for n in range(1, len(loc)):
+        items = marker(field_at(model, loc[:n])[0], Items)
+        if items:
+            return located(source, data, loc[:n], items.message.format(name=loc[n - 1], index=loc[n]), path,
+                           parent_line)
     info, owner = field_at(model, loc)
     return located(source, data, loc, phrase(error, info, owner), path, parent_line)
 

@@ -19,8 +19,9 @@ from tasks.config import load_pipeline
 from tasks.demo import DEMO_PIPELINE, make_dataset, relpaths
 from tasks.merge import PROVENANCE_KEY, Job, merge_shard
 from tasks.scorestats import BINS, StatSpec, column_partial
-from tasks.verify import (BASE, KEYS, MERGED, PROVENANCE, ROWS, SCHEMA, SHARD_SET, STRAYS, choose_sample,
+from tasks.verify import (BASE, MERGED, PROVENANCE, ROWS, SCHEMA, SHARD_SET, STRAYS, choose_sample,
                           verify)
+from tasks.verify.registry import report_order
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_DOC = REPO / "docs" / "verify-report.schema.json"
@@ -68,6 +69,12 @@ def run_verify(pipeline, out, **kw):
     return verify(Job(load_pipeline(pipeline), storage.normalize_prefix(out)), **kw)
 
 
+def check_names(pipeline) -> list[str]:
+    """The checks a report on this pipeline holds, in order, as the registry lists them."""
+    pipe = load_pipeline(pipeline)
+    return [name for name, _, _ in report_order(pipe.operations, pipe.dataset)]
+
+
 def failing(report) -> dict[str, list]:
     return {c.name: c.failures for c in report.checks if not c.passed}
 
@@ -90,8 +97,7 @@ def test_good_output_passes(merged):
     report = run_verify(pipeline, out)
     assert report.ok, failing(report)
     assert report.sampled == sorted(relpaths(SHARDS))  # default 50 samples > 4 shards: all of them
-    names = [c.name for c in report.checks]
-    assert names[:2] == [SHARD_SET, STRAYS] and names[-3:] == [BASE, KEYS, MERGED]
+    assert [c.name for c in report.checks] == check_names(pipeline)
     assert {c.name: c.checked for c in report.checks}[BASE] == SHARDS
 
 
@@ -295,7 +301,9 @@ def test_cli_pass_prints_table_and_valid_json(merged, cli, prefect_api, tmp_path
     pipeline, out = merged
     code, stdout, stderr = cli("verify", pipeline, "--output-prefix", out, "--json", tmp_path / "r.json")
     assert code == 0, stdout + stderr
-    for line in ("output shard set        PASS", "merged columns          PASS", "verify: PASS (all 12 checks)"):
+    names = check_names(pipeline)
+    width = max(map(len, names))
+    for line in (*(f"{name:<{width}}  PASS" for name in names), f"verify: PASS (all {len(names)} checks)"):
         assert line in stdout
     assert "dqm_d1_v6_1" in stdout and "score statistics over 4 sampled shards" in stdout
     data = validate_json(tmp_path / "r.json")
@@ -311,7 +319,7 @@ def test_cli_failure_names_shard_and_check(merged, cli, prefect_api, tmp_path):
     assert code == 1
     assert "output shard set        FAIL" in stdout and f"    {rel}: output shard missing" in stdout
     assert "stray objects           FAIL" in stdout and "    _SUCCESS:" in stdout
-    assert "verify: FAIL (2 of 12 checks failed: output shard set, stray objects)" in stdout
+    assert f"verify: FAIL (2 of {len(check_names(pipeline))} checks failed: {SHARD_SET}, {STRAYS})" in stdout
     assert "Traceback" not in stderr
     data = validate_json(tmp_path / "r.json")
     assert data["ok"] is False

@@ -46,8 +46,20 @@ def test_committed_schema_is_generated_from_the_registry():
 
 def test_report_order_expands_per_operation_checks_only_for_contributing_operations():
     names = [name for name, _, _ in report_order([Op("siblings"), Op(), Op("siblings")], None)]
-    assert names == [SHARD_SET, STRAYS, siblings_check(0), siblings_check(2), ROWS, SCHEMA, PROVENANCE, INPUTS,
-                     BASE, KEYS, MERGED]
+    expected = []
+    for check in registry.REGISTRY:  # registration order, each per-operation check once per contributing op
+        expected += ([check.name.format(index=i) for i in (0, 2)] if check.key == "siblings" else
+                     [] if check.per_operation else [check.name])
+    assert names == expected
+    assert siblings_check(0) in names and siblings_check(1) not in names
+
+
+def test_the_registry_holds_the_named_checks_once_each_in_stage_order():
+    names = [c.name for c in registry.REGISTRY]
+    assert len(set(names)) == len(names)
+    assert {SHARD_SET, STRAYS, ROWS, SCHEMA, PROVENANCE, INPUTS, BASE, KEYS, MERGED} <= set(names)
+    stages = [c.stage for c in registry.REGISTRY]
+    assert stages == sorted(stages, key=list(registry.STAGES).index)  # report order: listing, footer, data
 
 
 def check_doc(name: str, stage: str = "listing") -> dict:

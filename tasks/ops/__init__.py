@@ -3,10 +3,12 @@
 Every operation implements tasks.ops.base.Operation; callers use only that protocol (docs/operations.md).
 To add one, write a module next to merge_from_sidecar.py and register it below.
 """
-from tasks.ops.base import ABSENT, NO_INPUT, Findings, Input, Operation
+from tasks.ops.base import ABSENT, NO_INPUT, FieldProblem, Findings, Input, Operation, provenance_record
 from tasks.ops.drop_columns import DropColumns
+from tasks.ops.lineage import History, Status, Step
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
 
 OPERATIONS: dict[str, type[Operation]] = {cls.type: cls for cls in (MergeFromSidecar, DropColumns)}
 
-__all__ = ["ABSENT", "NO_INPUT", "OPERATIONS", "DropColumns", "Findings", "Input", "MergeFromSidecar", "Operation"]
+__all__ = ["ABSENT", "NO_INPUT", "OPERATIONS", "DropColumns", "FieldProblem", "Findings", "History", "Input",
+           "MergeFromSidecar", "Operation", "Status", "Step", "provenance_record"]

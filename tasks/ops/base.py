@@ -1,24 +1,75 @@
 """The operation protocol: everything config, plan, dry run, merge and verify may ask of an operation.
 
 An operation is a small frozen dataclass subclassing `Operation`, registered by its `type` in tasks/ops/__init__.py.
-Callers never reach into its fields: they ask for its `input`, its key columns, the columns it touches, and let it
-plan, apply, describe and verify itself. The record returned by `plan`/`apply` (stored per shard in provenance)
-carries `status`, `input` (the sibling's identity, ABSENT or NO_INPUT) and the column lists `appended`,
-`replaced`, `removed` (each optional, default empty); verify replays them to know which columns to expect.
+Its YAML fields are a pydantic model (`spec`, a subclass of `OperationSpec`): config validates an entry with it
+(errors `file:line: field: message`) and tasks/schemagen.py publishes its JSON Schema. Callers never reach into
+an operation's fields: they ask for its `input`, its key columns, the columns it may supply, and let it plan,
+apply, describe and verify itself. `plan`/`apply` return a `Step` (tasks/ops/lineage.py): its status and its
+lineage, where every column it affected came from; verify replays lineage, never an operation's fields.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import pyarrow as pa
+from pydantic import AfterValidator
+
+from tasks.models import ColumnName
+from tasks.ops.lineage import History, Status, Step
+from tasks.validation import Items, Spec
 
 ABSENT = "absent"    # input identity of an optional operation whose sibling shard does not exist
 NO_INPUT = "none"    # input identity of an operation that reads no sibling shard
-SKIPPED = "skipped_missing_sibling"  # record status: an optional sibling was missing, the step did nothing
-FAILED = "failed"    # record status (verify only): what the step would do could not be derived
+SKIPPED = Status.SKIPPED  # an optional sibling was missing, the step did nothing
+FAILED = Status.FAILED    # (verify only) what the step would do could not be derived
 SIBLINGS = "siblings"  # the per-operation verify check every operation with an input contributes
+
+
+class FieldProblem(ValueError):
+    """Raised by `Operation.from_spec` for what its fields cannot say alone: config names the field's line."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+class OperationSpec(Spec):
+    """Base of an operation's YAML fields (strict types, unknown fields refused). A subclass declares
+    `type: Literal["<name>"]` first, then its own fields, each with a description (editors show them); its
+    docstring and `model_config` title become the JSON Schema's description and title."""
+
+    @classmethod
+    def model_json_schema(cls, *args, **kwargs) -> dict:
+        schema = super().model_json_schema(*args, **kwargs)
+        schema["description"] = " ".join(schema.get("description", "").split())  # the docstring on one line
+        return schema
+
+
+def _distinct(columns: list[str]) -> list[str]:
+    if len(set(columns)) != len(columns):
+        raise ValueError("lists a column twice")
+    return columns
+
+
+# A YAML list of distinct, non-empty column names; a bad item is reported on the list's line as `columns[i] ...`.
+ColumnList = Annotated[list[ColumnName], Items("{name}[{index}] must be a non-empty column name"),
+                       AfterValidator(_distinct)]
+
+
+def schema_extra(unique: bool = False, no_default: bool = False, **replace) -> Callable[[dict], None]:
+    """A field's `json_schema_extra`: uniqueItems, no suggested default, keys replaced (e.g. an enum for a type)."""
+    def edit(schema: dict) -> None:
+        if unique:
+            schema["uniqueItems"] = True
+        if no_default:
+            schema.pop("default", None)
+        if replace:
+            schema.pop("type", None)
+            schema.update(replace)
+    return edit
 
 
 @dataclass(frozen=True)
@@ -47,17 +98,21 @@ class Operation(ABC):
     type: ClassVar[str]
 
     # ---------------------------------------------------------------- configuration
-    @classmethod
-    @abstractmethod
-    def from_yaml(cls, fields, dataset, prefix_field) -> Operation:
-        """Validate one YAML entry (a tasks.yamlsrc.Fields) and build the operation; errors via fields.fail."""
+    spec: ClassVar[type[OperationSpec]]  # the YAML fields of one entry (its JSON Schema is generated from it)
 
     @classmethod
-    @abstractmethod
+    def from_spec(cls, spec: OperationSpec, dataset) -> Operation:
+        """The operation from its validated fields. Raise FieldProblem(field, message) for what needs the
+        dataset to judge. By default every field but `type` becomes the dataclass field of the same name
+        (lists as tuples)."""
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in spec if k != "type"}
+        return cls(**values)
+
+    @classmethod
     def json_schema(cls) -> dict:
-        """The JSON Schema (draft 2020-12) of one YAML entry, what `from_yaml` accepts: an object whose `type`
-        property is `{"const": cls.type}`, with a title and description per field (editors show them).
-        tasks/schemagen.py puts it into docs/schemas/pipeline.schema.json."""
+        """The JSON Schema (draft 2020-12) of one YAML entry, generated from `spec`; tasks/schemagen.py puts it
+        into docs/schemas/pipeline.schema.json."""
+        return cls.spec.model_json_schema()
 
     def conflicts(self, dataset, operations: tuple[Operation, ...]) -> list[tuple[str, str]]:
         """(field, message) for what this operation cannot do in this pipeline, seen whole; none by default."""
@@ -92,13 +147,16 @@ class Operation(ABC):
 
     # ---------------------------------------------------------------- the step
     @abstractmethod
-    def plan(self, schema: pa.Schema, dataset, relpath: str) -> tuple[pa.Schema, dict]:
-        """The schema after this step and its record, from footers only (dry run, verify without provenance).
+    def plan(self, schema: pa.Schema, dataset, relpath: str, history: History) -> tuple[pa.Schema, Step]:
+        """The schema after this step and its record (status PLANNED unless skipped), from footers only (dry
+        run, verify without provenance). `history`: what the earlier steps did on this shard.
         Raises FileNotFoundError for a missing sibling and ShardError for what cannot work."""
 
     @abstractmethod
-    def apply(self, table: pa.Table, dataset, relpath: str) -> tuple[pa.Table, dict]:
-        """The step on one shard: the new table and the record kept in provenance."""
+    def apply(self, table: pa.Table, dataset, relpath: str, history: History) -> tuple[pa.Table, Step]:
+        """The step on one shard: the new table and its record (status, input, the lineage of every column it
+        affected), kept in provenance beside `to_dict()`. `history`: what the earlier steps did on this shard,
+        e.g. which skipped step explains a column's absence."""
 
     # ---------------------------------------------------------------- dry run and verify
     def dry_run_lines(self, dataset) -> tuple[str, list[str]]:
@@ -109,24 +167,13 @@ class Operation(ABC):
         """Names of the per-operation checks (tasks.verify.checks) this operation contributes."""
         return (SIBLINGS,) if self.input(dataset) else ()
 
-    def compare_values(self, shard, index: int, record) -> Findings:
+    def compare_values(self, shard, index: int, record: Step) -> Findings:
         """Value checks on one sampled shard. `shard` (tasks.verify.values.ShardValues) offers the output and
-        base tables, `read(uri, columns)` and `compare(name, got, want, cast)`; `record` is this step's
-        OpRecord. Nothing to compare by default."""
+        base tables, the replayed `layout`, `read(uri, columns)` and `compare(name, got, want, cast)`; `record`
+        is this step's Step. Nothing to compare by default."""
         return Findings()
 
 
-def column_names(fields, key: str, empty: str, required: bool = True) -> tuple[str, ...] | None:
-    """A YAML list of distinct, non-empty column names (None when optional and absent); errors via fields.fail,
-    `empty` saying what an empty list should have been."""
-    columns = fields.get(key, list, required=required)
-    if columns is None:
-        return None
-    if not columns:
-        raise fields.fail(key, empty)
-    for i, col in enumerate(columns):
-        if not isinstance(col, str) or not col.strip():
-            raise fields.fail(key, f"{key}[{i}] must be a non-empty column name")
-    if len(set(columns)) != len(columns):
-        raise fields.fail(key, "lists a column twice")
-    return tuple(columns)
+def provenance_record(op: Operation, step: Step) -> dict:
+    """The per-operation record an output's provenance keeps: the operation as configured, then its step."""
+    return {**op.to_dict(), **step.to_dict()}

@@ -6,33 +6,51 @@ cannot be dropped: the config refuses them. A column not in the table when the s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import pyarrow as pa
+from pydantic import ConfigDict, Field
 
 from tasks.errors import ShardError
-from tasks.ops.base import NO_INPUT, Findings, Operation, column_names
+from tasks.ops.base import NO_INPUT, ColumnList, FieldProblem, Findings, Operation, OperationSpec, schema_extra
+from tasks.ops.lineage import History, Status, Step, legacy_lists, removed
+from tasks.validation import Says
+
+
+class DropColumnsSpec(OperationSpec):
+    """Take columns out of the table at this point of the chain (e.g. a score column that is not wanted in the
+    all-in-one sidecar). Reads no sibling shard."""
+
+    model_config = ConfigDict(title="drop_columns")
+
+    type: Literal["drop_columns"] = Field(description="The operation: drop_columns.")
+    columns: Annotated[ColumnList, Says(too_short="must list at least one column to drop")] = Field(
+        min_length=1, json_schema_extra=schema_extra(unique=True),
+        description="The columns to drop, each once. Never the dataset's key_column, an operation's key column, the "
+                    "image_column or a column declared in schema_extensions. A column not in the table at this step "
+                    "fails the shard.")
 
 
 @dataclass(frozen=True)
 class DropColumns(Operation):
     type = "drop_columns"
+    spec = DropColumnsSpec
 
     columns: tuple[str, ...]
 
     @classmethod
-    def from_yaml(cls, fields, dataset, prefix_field) -> DropColumns:
-        columns = column_names(fields, "columns", empty="must list at least one column to drop")
+    def from_spec(cls, spec: DropColumnsSpec, dataset) -> DropColumns:
         declared = {e.name for e in dataset.schema_extensions}
-        for col in columns:
+        for col in spec.columns:
             if col == dataset.key_column:
-                raise fields.fail("columns", f"{col!r} is the dataset's key_column: every output keeps it")
+                raise FieldProblem("columns", f"{col!r} is the dataset's key_column: every output keeps it")
             if col == dataset.image_column:
-                raise fields.fail("columns", f"{col!r} is the dataset's image_column: it is never in the output "
-                                             "(a sidecar carries no image bytes), there is nothing to drop")
+                raise FieldProblem("columns", f"{col!r} is the dataset's image_column: it is never in the output "
+                                              "(a sidecar carries no image bytes), there is nothing to drop")
             if col in declared:
-                raise fields.fail("columns", f"{col!r} is declared in the dataset's schema_extensions: remove it "
-                                             "there to drop it from the output")
-        return cls(columns)
+                raise FieldProblem("columns", f"{col!r} is declared in the dataset's schema_extensions: remove it "
+                                              "there to drop it from the output")
+        return super().from_spec(spec, dataset)
 
     def conflicts(self, dataset, operations) -> list[tuple[str, str]]:
         problems = []
@@ -42,26 +60,6 @@ class DropColumns(Operation):
                            "by it, so it cannot be dropped")
                 problems.append(("columns", message))
         return problems
-
-    @classmethod
-    def json_schema(cls) -> dict:
-        return {
-            "title": cls.type,
-            "description": "Take columns out of the table at this point of the chain (e.g. a score column that is "
-                           "not wanted in the all-in-one sidecar). Reads no sibling shard.",
-            "type": "object",
-            "properties": {
-                "type": {"const": cls.type, "title": "Type", "description": "The operation: drop_columns."},
-                "columns": {"type": "array", "items": {"type": "string", "pattern": r"\S"}, "minItems": 1,
-                            "uniqueItems": True, "title": "Columns",
-                            "description": "The columns to drop, each once. Never the dataset's key_column, an "
-                                           "operation's key column, the image_column or a column declared in "
-                                           "schema_extensions. A column not in the table at this step fails "
-                                           "the shard."},
-            },
-            "required": ["type", "columns"],
-            "additionalProperties": False,
-        }
 
     def to_dict(self) -> dict:
         return {"type": self.type, "columns": list(self.columns)}
@@ -77,18 +75,19 @@ class DropColumns(Operation):
             raise ShardError(f"column(s) {', '.join(absent)} to drop not in the table at this step (it has: "
                              f"{', '.join(names)}); check `columns` against the base and earlier operations")
 
-    def plan(self, schema: pa.Schema, dataset, relpath: str) -> tuple[pa.Schema, dict]:
+    def plan(self, schema: pa.Schema, dataset, relpath: str, history: History) -> tuple[pa.Schema, Step]:
         self._absent(schema.names)
         for col in self.columns:
             schema = schema.remove(schema.get_field_index(col))
-        return schema, self._record("planned")
+        return schema, self._record(Status.PLANNED)
 
-    def apply(self, table: pa.Table, dataset, relpath: str) -> tuple[pa.Table, dict]:
+    def apply(self, table: pa.Table, dataset, relpath: str, history: History) -> tuple[pa.Table, Step]:
         self._absent(table.column_names)
-        return table.drop_columns(list(self.columns)), self._record("dropped")
+        return table.drop_columns(list(self.columns)), self._record(Status.DROPPED)
 
-    def _record(self, status: str) -> dict:
-        return {**self.to_dict(), "status": status, "input": NO_INPUT, "removed": list(self.columns)}
+    def _record(self, status: Status) -> Step:
+        lineage = tuple(removed(c) for c in self.columns)
+        return Step(status, lineage, NO_INPUT, legacy_lists(lineage, "removed"))  # `removed`: as it always did
 
     def dry_run_lines(self, dataset) -> tuple[str, list[str]]:
         return f"{self.describe()} (reads no sibling)", []
@@ -97,6 +96,6 @@ class DropColumns(Operation):
         """A dropped column is not in the output, unless a later operation supplied it again."""
         found = Findings()
         for col in self.columns:
-            if col in shard.out.column_names and col not in shard.origin:
+            if col in shard.out.column_names and col not in shard.layout.origin:
                 found.columns.append(f"operations[{index}]: dropped column {col!r} is still in the output")
         return found

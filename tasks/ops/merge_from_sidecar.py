@@ -6,18 +6,60 @@ key column must equal the current table's key column element by element (a null 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import ConfigDict, Field, field_validator
 
 from tasks import storage
 from tasks.errors import ShardError
+from tasks.models import ColumnName, Prefix
 from tasks.ops.alignment import check_aligned
-from tasks.ops.base import ABSENT, SKIPPED, Findings, Input, Operation, column_names
+from tasks.ops.base import ABSENT, ColumnList, FieldProblem, Findings, Input, Operation, OperationSpec, schema_extra
+from tasks.ops.lineage import History, Status, Step, appended, legacy_lists, replaced
 from tasks.parquet_errors import unreadable_parquet
+from tasks.validation import Says
 
-COLUMN_SCHEMA = {"type": "string", "pattern": r"\S"}  # a non-empty column name
 MODES = ("fill_missing", "prefer_sidecar", "error")
+KEY = ("Set it and {other} together, only when the score sidecar is aligned by a key other than the dataset's "
+       "key_column (e.g. s3_image_path); omit both to use key_column on both sides.")
+
+
+class MergeFromSidecarSpec(OperationSpec):
+    """Copy columns from a row-aligned score sidecar: for every base shard, the shard at the same relative path under
+    source_prefix, after checking row count and key equality row by row."""
+
+    model_config = ConfigDict(title="merge_from_sidecar", json_schema_extra={"dependentRequired": {
+        "target_key_column": ["source_key_column"], "source_key_column": ["target_key_column"]}})
+
+    type: Literal["merge_from_sidecar"] = Field(description="The operation: merge_from_sidecar.")
+    source_prefix: Prefix = Field(
+        description="The score sidecar (s3://bucket/path/ or a local path), with the same relative shard paths and "
+                    "row order as the base. Read-only.")
+    columns: Annotated[ColumnList, Says(too_short="must list at least one column (omit it to take every column)")] = (
+        Field(None, min_length=1, json_schema_extra=schema_extra(unique=True, no_default=True),
+              description="The columns to copy, e.g. [dqm_d1_v6_1]; each once. Omit to take every column of the "
+                          "source except its key and the dataset's key and image columns."))
+    mode: str = Field("fill_missing", json_schema_extra=schema_extra(enum=list(MODES)),
+                      description="When a column already exists: fill_missing (default) keeps the table's, "
+                                  "prefer_sidecar takes the sidecar's, error fails the shard. The dataset's key and "
+                                  "image columns always stay from the base.")
+    target_key_column: ColumnName = Field(None, json_schema_extra=schema_extra(no_default=True),
+                                          description="The key column of the table being merged. "
+                                                      + KEY.format(other="source_key_column"))
+    source_key_column: ColumnName = Field(None, json_schema_extra=schema_extra(no_default=True),
+                                          description="The key column of the score sidecar. "
+                                                      + KEY.format(other="target_key_column"))
+    required: bool = Field(True, description="true (default): a missing sibling shard fails that shard. false: the "
+                                             "operation does nothing on shards the sidecar does not cover.")
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, mode: str) -> str:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
+        return mode
 
 
 @dataclass(frozen=True)
@@ -42,61 +84,17 @@ class MergeFromSidecar(Operation):
     source_key_column: str | None = None
     required: bool = True
 
+    spec = MergeFromSidecarSpec
+
     @classmethod
-    def from_yaml(cls, fields, dataset, prefix_field) -> MergeFromSidecar:
-        source_prefix = prefix_field(fields, "source_prefix")
-        columns = column_names(fields, "columns", required=False,
-                               empty="must list at least one column (omit it to take every column)")
-        mode = fields.get("mode", str, required=False, default="fill_missing")
-        if mode not in MODES:
-            raise fields.fail("mode", f"unknown mode {mode!r} (known: {', '.join(MODES)})")
-        target_key = fields.name("target_key_column", required=False)
-        source_key = fields.name("source_key_column", required=False)
+    def from_spec(cls, spec: MergeFromSidecarSpec, dataset) -> MergeFromSidecar:
+        target_key, source_key = spec.target_key_column, spec.source_key_column
         if (target_key is None) != (source_key is None):
             given, other = ("target_key_column", "source_key_column") if target_key else (
                 "source_key_column", "target_key_column")
-            raise fields.fail(given, f"set together with {other}, or omit both to use the dataset's "
-                                     f"key_column ({dataset.key_column})")
-        required = fields.get("required", bool, required=False, default=True)
-        return cls(source_prefix, columns, mode, target_key, source_key, required)
-
-    @classmethod
-    def json_schema(cls) -> dict:
-        key = ("Set it and {other} together, only when the score sidecar is aligned by a key other than the dataset's "
-               "key_column (e.g. s3_image_path); omit both to use key_column on both sides.")
-        return {
-            "title": "merge_from_sidecar",
-            "description": "Copy columns from a row-aligned score sidecar: for every base shard, the shard at the same "
-                           "relative path under source_prefix, after checking row count and key equality row by row.",
-            "type": "object",
-            "properties": {
-                "type": {"const": cls.type, "title": "Type", "description": "The operation: "
-                         "merge_from_sidecar."},
-                "source_prefix": {"type": "string", "pattern": r"\S", "title": "Source Prefix",
-                                  "description": "The score sidecar (s3://bucket/path/ or a local path), with the same "
-                                                 "relative shard paths and row order as the base. Read-only."},
-                "columns": {"type": "array", "items": COLUMN_SCHEMA, "minItems": 1, "uniqueItems": True, "title": "Columns",
-                            "description": "The columns to copy, e.g. [dqm_d1_v6_1]; each once. Omit to take every "
-                                           "column of the source except its key and the dataset's key and image "
-                                           "columns."},
-                "mode": {"enum": list(MODES), "default": "fill_missing", "title": "Mode",
-                         "description": "When a column already exists: fill_missing (default) keeps the table's, "
-                                        "prefer_sidecar takes the sidecar's, error fails the shard. The dataset's "
-                                        "key and image columns always stay from the base."},
-                "target_key_column": {**COLUMN_SCHEMA, "title": "Target Key Column", "description": "The key column of the "
-                                      "table being merged. " + key.format(other="source_key_column")},
-                "source_key_column": {**COLUMN_SCHEMA, "title": "Source Key Column", "description": "The key column of the "
-                                      "score sidecar. " + key.format(other="target_key_column")},
-                "required": {"type": "boolean", "default": True, "title": "Required",
-                             "description": "true (default): a missing sibling shard fails that shard. false: the "
-                                            "operation does nothing on shards the sidecar does not cover."},
-            },
-            "required": ["type", "source_prefix"],
-            "dependentRequired": {"target_key_column": ["source_key_column"],
-                                  "source_key_column": ["target_key_column"]},
-            "additionalProperties": False,
-        }
-
+            raise FieldProblem(given, f"set together with {other}, or omit both to use the dataset's "
+                                      f"key_column ({dataset.key_column})")
+        return super().from_spec(spec, dataset)
 
     def to_dict(self) -> dict:
         return {"type": self.type, "source_prefix": self.source_prefix,
@@ -153,15 +151,15 @@ class MergeFromSidecar(Operation):
                              "use fill_missing (keep main) or prefer_sidecar (take the sidecar's)")
         return ColumnPlan(tuple(append), tuple(replace), tuple(kept), tuple(protected))
 
-    def plan(self, current: pa.Schema, dataset, relpath: str) -> tuple[pa.Schema, dict]:
+    def plan(self, current: pa.Schema, dataset, relpath: str, history: History) -> tuple[pa.Schema, Step]:
         """Output schema after this step from the sibling's footer, for dry runs (no data read)."""
         uri = self.source_prefix + relpath
         with storage.open_parquet(uri) as f:
             source = pq.ParquetFile(f).schema_arrow
         cols = self.column_plan(current, source, dataset)
-        return _apply_schema(current, source, cols), self._record("planned", cols)
+        return _apply_schema(current, source, cols), self._record(Status.PLANNED, cols)
 
-    def apply(self, table: pa.Table, dataset, relpath: str) -> tuple[pa.Table, dict]:
+    def apply(self, table: pa.Table, dataset, relpath: str, history: History) -> tuple[pa.Table, Step]:
         uri = self.source_prefix + relpath
         try:
             with storage.open_parquet(uri) as f:
@@ -172,7 +170,7 @@ class MergeFromSidecar(Operation):
                 source = pf.read(columns=cols.read_columns(keys.source_key), use_threads=True)
         except FileNotFoundError:
             if not self.required:
-                return table, {**self.to_dict(), "status": SKIPPED, "input": ABSENT}
+                return table, Step(Status.SKIPPED, input=ABSENT)
             raise ShardError(f"sibling shard missing: {uri}; inspect the score sidecar (shard paths must match the "
                              "base), or set `required: false` to skip shards it does not cover") from None
         except (OSError, pa.ArrowException) as exc:
@@ -185,7 +183,7 @@ class MergeFromSidecar(Operation):
             table = table.set_column(table.schema.get_field_index(col), source.schema.field(col), source[col])
         for col in cols.append:
             table = table.append_column(source.schema.field(col), source[col])
-        return table, {**self._record("merged", cols), "input": identity}
+        return table, self._record(Status.MERGED, cols, identity)
 
     def dry_run_lines(self, dataset) -> tuple[str, list[str]]:
         notes = [f"{col} is the dataset's " + (
@@ -198,9 +196,10 @@ class MergeFromSidecar(Operation):
         """The output's key equals the sibling's, and every column this step supplied equals the sibling's."""
         found = Findings()
         keys = self.input(shard.dataset)
-        cols = shard.columns_from(index)
+        cols = shard.layout.from_step(index)  # (output column, sibling column), followed through later renames
         try:
-            source = shard.read(keys.uri(shard.relpath), list(dict.fromkeys([keys.source_key, *cols])))
+            source = shard.read(keys.uri(shard.relpath),
+                                list(dict.fromkeys([keys.source_key, *(sibling for _, sibling in cols)])))
         except Exception as exc:
             found.columns.append(f"operations[{index}]: source shard unreadable: {shard.one_line(exc)}")
             return found
@@ -209,16 +208,18 @@ class MergeFromSidecar(Operation):
             found.keys.append(f"operations[{index}]: key column {keys.target_key!r} missing from the output")
         elif line := shard.compare(keys.target_key, out[keys.target_key], source[keys.source_key], cast=True):
             found.keys.append(f"operations[{index}] {keys.target_key} vs source {keys.source_key}: {line}")
-        for name in cols:
+        for name, sibling in cols:
             if name not in out.column_names:
                 found.columns.append(f"operations[{index}]: column {name!r} missing from the output")
-            elif line := shard.compare(name, out[name], source[name]):
+            elif line := shard.compare(name, out[name], source[sibling]):
                 found.columns.append(f"operations[{index}]: {line}")
         return found
 
-    def _record(self, status: str, cols: ColumnPlan) -> dict:
-        return {**self.to_dict(), "status": status, "appended": list(cols.append), "replaced": list(cols.replace),
-                "kept_from_main": list(cols.kept_from_main), "protected": list(cols.protected)}
+    def _record(self, status: Status, cols: ColumnPlan, identity: str | None = None) -> Step:
+        lineage = (*(replaced(c) for c in cols.replace), *(appended(c) for c in cols.append))
+        notes = {**legacy_lists(lineage, "appended", "replaced"),  # what its records have always carried
+                 "kept_from_main": list(cols.kept_from_main), "protected": list(cols.protected)}
+        return Step(status, lineage, identity, notes)
 
 
 def _apply_schema(current: pa.Schema, source: pa.Schema, cols: ColumnPlan) -> pa.Schema:

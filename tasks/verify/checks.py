@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from tasks import storage
 from tasks.merge import shard_key
-from tasks.ops.base import FAILED, SIBLINGS, SKIPPED
+from tasks.ops.base import SIBLINGS
+from tasks.ops.lineage import Status, replay
 from tasks.plan import changed_inputs
-from tasks.verify.footers import expected_layout
 from tasks.verify.registry import register
 
 SHARD_SET, STRAYS, SIBLINGS_OF = "output shard set", "stray objects", "operations[{index}] siblings"
@@ -59,7 +59,7 @@ def siblings(ctx, check, index: int) -> None:
         if records is None:
             continue
         have = plan.has_sibling(index, rel)
-        if records[index].status == SKIPPED and have:
+        if records[index].status is Status.SKIPPED and have:
             check.fail(rel, "sibling exists now but the output skipped it; delete the output shard and rerun to "
                             "merge it")
         elif records[index].applied and not have:
@@ -80,21 +80,23 @@ def row_counts(job, footers) -> list[str]:
 def schema(job, footers) -> list[str]:
     base, out, records = footers.base, footers.out, footers.records
     problems = []
-    replaced = {c for r in records or () if r.applied for c in r.replaced}
-    kept, added = expected_layout(base.names, records)
+    layout = replay(base.names, records)
+    kept, added, origin = layout.base_part, layout.added, layout.origin
     if out.names[:len(kept)] != kept:
         problems.append(f"base columns not first and in order: output starts {out.names[:len(kept)]}, "
                         f"base has {kept}")
     else:
         for name in kept:
-            if name not in replaced and not out.field(name).type.equals(base.field(name).type):
-                problems.append(f"base column {name!r} is {out.field(name).type}, base has {base.field(name).type}")
+            source = origin[name]  # a base column, perhaps renamed, unless a step replaced its values
+            if source.step is None and not out.field(name).type.equals(base.field(source.column).type):
+                problems.append(f"base column {name!r} is {out.field(name).type}, base has "
+                                f"{base.field(source.column).type}")
     if records is not None and out.names[len(kept):] != added:
         problems.append(f"columns after the base ones are {out.names[len(kept):]}, provenance says {added}")
     skipped = [op for op, r in zip(job.pipeline.operations, records or ()) if not r.applied]
     for ext in job.pipeline.dataset.schema_extensions:
         if ext.name not in out.names:
-            if not any(op.supplies(ext.name) for op in skipped):
+            if ext.name not in layout.explained and not any(op.supplies(ext.name) for op in skipped):
                 problems.append(f"declared extension column {ext.name!r} ({ext.type.name}) is missing")
             continue
         if problem := ext.type.problem(out.field(ext.name).type):
@@ -132,12 +134,12 @@ def current_inputs(job, footers) -> list[str]:
 @register(BASE, "data", "sampled", "every base column kept from the base equals the base, value for value")
 def base_columns(shard) -> list[str]:
     lines = []
-    for name, src in shard.origin.items():
-        if src is not None:
+    for name, source in shard.layout.columns:
+        if source.step is not None:
             continue
         if name not in shard.out.column_names:
             lines.append(f"base column {name!r} missing from the output")
-        elif line := shard.compare(name, shard.out[name], shard.base[name]):
+        elif line := shard.compare(name, shard.out[name], shard.base[source.column]):
             lines.append(line)
     return lines
 
@@ -154,7 +156,7 @@ def key_columns(shard) -> list[str]:
 def merged_columns(shard) -> list[str]:
     lines = []
     for i, (rec, found) in enumerate(zip(shard.records, shard.findings)):
-        if rec.status == FAILED:
+        if rec.status is Status.FAILED:
             lines.append(f"operations[{i}]: {rec.detail}")
         lines += found.columns
     return lines

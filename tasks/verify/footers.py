@@ -1,7 +1,7 @@
 """Footer facts of every present shard: both footers read once, the footer checks run on them, small facts kept.
 
-Also what verify knows of each operation's effect on a shard (`OpRecord`, from provenance) and the column layout
-that follows from replaying those records over the base schema.
+Also what verify knows of each operation's effect on a shard: its recorded `Step` (tasks/ops/lineage.py), read
+from provenance; tasks.ops.lineage.replay turns those records into the expected layout and origins.
 """
 from __future__ import annotations
 
@@ -11,51 +11,22 @@ import pyarrow as pa
 
 from tasks import storage
 from tasks.merge import Job, read_provenance
-from tasks.ops.base import FAILED, SKIPPED
+from tasks.ops.lineage import Step
 from tasks.scorestats import StatSpec, footer_ranges
 from tasks.verify.compare import one_line
 from tasks.verify.registry import of_stage
 
 
-@dataclass(frozen=True)
-class OpRecord:
-    """What one operation did to a shard, as recorded in (or, lacking provenance, re-derived for) the output."""
-
-    status: str                 # merged | skipped_missing_sibling | ... | (derived only) failed
-    appended: tuple[str, ...] = ()
-    replaced: tuple[str, ...] = ()
-    detail: str = ""
-    removed: tuple[str, ...] = ()
-
-    @property
-    def applied(self) -> bool:
-        return self.status not in (SKIPPED, FAILED)
-
-    @classmethod
-    def from_dict(cls, record: dict) -> OpRecord:
-        return cls(str(record.get("status")), tuple(record.get("appended") or ()),
-                   tuple(record.get("replaced") or ()), removed=tuple(record.get("removed") or ()))
-
-
-def op_records(prov: dict | None, n_ops: int) -> tuple[OpRecord, ...] | None:
+def op_records(prov: dict | None, n_ops: int) -> tuple[Step, ...] | None:
+    """Each operation's recorded step (records of earlier versions converted), or None when provenance does not
+    hold one record per operation."""
     ops = (prov or {}).get("operations")
-    if not isinstance(ops, list) or len(ops) != n_ops:
+    if not isinstance(ops, list) or len(ops) != n_ops or not all(isinstance(r, dict) for r in ops):
         return None
-    return tuple(OpRecord.from_dict(r) for r in ops)
-
-
-def expected_layout(base: list[str], records: tuple[OpRecord, ...] | None) -> tuple[list[str], list[str]]:
-    """(base columns still expected, in order; columns the operations added, in order), replaying records."""
-    kept, added = list(base), []
-    for rec in records or ():
-        if not rec.applied:
-            continue
-        for name in rec.removed:
-            for names in (kept, added):
-                if name in names:
-                    names.remove(name)
-        added += rec.appended
-    return kept, added
+    try:
+        return tuple(Step.from_dict(r) for r in ops)
+    except (ValueError, TypeError, AttributeError):
+        return None  # lineage that does not parse: as good as none
 
 
 @dataclass(frozen=True)
@@ -68,7 +39,7 @@ class Footers:
     base: pa.Schema
     out: pa.Schema
     provenance: dict | None
-    records: tuple[OpRecord, ...] | None
+    records: tuple[Step, ...] | None
     inputs: dict | None = None  # identities of the shard's inputs as listed now (Plan.inputs)
 
 
@@ -78,7 +49,7 @@ class FooterFacts:
     base_rows: int | None
     out_rows: int | None
     problems: tuple[tuple[str, str], ...]          # (check name, detail)
-    records: tuple[OpRecord, ...] | None
+    records: tuple[Step, ...] | None
     ranges: dict = field(default_factory=dict)     # 'col.field' -> (min, max) | None, scope shards only
 
 

@@ -15,11 +15,11 @@ import pyarrow.parquet as pq
 
 from tasks import storage
 from tasks.merge import Job
-from tasks.ops.base import FAILED, Findings
+from tasks.ops.base import Findings
+from tasks.ops.lineage import History, Layout, Status, Step, replay
 from tasks.scorestats import ColumnPartial, StatSpec, column_partial
 from tasks.verify.checks import BASE
 from tasks.verify.compare import compare, one_line, read
-from tasks.verify.footers import OpRecord
 from tasks.verify.registry import of_stage
 
 DEEP_THREADS = 4
@@ -30,7 +30,7 @@ class ShardTask:
     relpath: str
     deep: bool
     stats: bool
-    records: tuple[OpRecord, ...] | None
+    records: tuple[Step, ...] | None
     ranges: dict
 
 
@@ -42,21 +42,20 @@ class ShardResult:
     stats: dict[str, ColumnPartial] = field(default_factory=dict)
 
 
-def derived_records(job: Job, base: pa.Schema, relpath: str) -> tuple[OpRecord, ...]:
+def derived_records(job: Job, base: pa.Schema, relpath: str) -> tuple[Step, ...]:
     """Without provenance: what each operation would have done, from the sources' footers (as the merge decides)."""
-    records, current, ds = [], base, job.pipeline.dataset
+    history, current, ds = History(), base, job.pipeline.dataset
     for op in job.pipeline.operations:
         try:
-            current, rec = op.plan(current, ds, relpath)
-            records.append(OpRecord.from_dict(rec))
+            current, step = op.plan(current, ds, relpath, history)
         except FileNotFoundError:
             source = op.input(ds)
             optional = source is not None and not source.required
-            records.append(OpRecord("skipped_missing_sibling" if optional else FAILED,
-                                    detail="sibling shard missing"))
+            step = Step(Status.SKIPPED if optional else Status.FAILED, detail="sibling shard missing")
         except Exception as exc:
-            records.append(OpRecord(FAILED, detail=one_line(exc)))
-    return tuple(records)
+            step = Step(Status.FAILED, detail=one_line(exc))
+        history = history.then(op, step)
+    return history.records
 
 
 @dataclass
@@ -67,7 +66,7 @@ class ShardValues:
     relpath: str
     out: pa.Table
     base: pa.Table
-    records: tuple[OpRecord, ...]
+    records: tuple[Step, ...]
 
     @property
     def dataset(self):
@@ -83,18 +82,10 @@ class ShardValues:
         return one_line(exc)
 
     @cached_property
-    def origin(self) -> dict[str, int | None]:
-        """Expected output column -> index of the operation that supplied it (None: kept from the base)."""
-        origin: dict[str, int | None] = {name: None for name in self.base.column_names}
-        for i, rec in enumerate(self.records):
-            if rec.applied:
-                for name in rec.removed:
-                    origin.pop(name, None)
-                origin.update({c: i for c in (*rec.appended, *rec.replaced)})
-        return origin
-
-    def columns_from(self, index: int) -> list[str]:
-        return [c for c, src in self.origin.items() if src == index]
+    def layout(self) -> Layout:
+        """The expected output columns, each with its origin (a base column, or operations[i]'s sibling column),
+        replayed from the records over the base."""
+        return replay(self.base.column_names, self.records)
 
     @cached_property
     def findings(self) -> list[Findings]:
@@ -114,7 +105,7 @@ def load_values(job: Job, relpath: str, out: pa.Table, records) -> ShardValues |
     return ShardValues(job, relpath, out, base, records or derived_records(job, base.schema, relpath))
 
 
-def deep_failures(job: Job, relpath: str, out: pa.Table, records: tuple[OpRecord, ...] | None) -> dict[str, str]:
+def deep_failures(job: Job, relpath: str, out: pa.Table, records: tuple[Step, ...] | None) -> dict[str, str]:
     shard = load_values(job, relpath, out, records)
     if isinstance(shard, str):
         return {BASE: shard}
