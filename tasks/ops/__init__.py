@@ -7,8 +7,9 @@ from tasks.ops.base import ABSENT, NO_INPUT, FieldProblem, Findings, Input, Oper
 from tasks.ops.drop_columns import DropColumns
 from tasks.ops.lineage import History, Status, Step
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
+from tasks.ops.rename_columns import RenameColumns
 
-OPERATIONS: dict[str, type[Operation]] = {cls.type: cls for cls in (MergeFromSidecar, DropColumns)}
+OPERATIONS: dict[str, type[Operation]] = {cls.type: cls for cls in (MergeFromSidecar, DropColumns, RenameColumns)}
 
 __all__ = ["ABSENT", "NO_INPUT", "OPERATIONS", "DropColumns", "FieldProblem", "Findings", "History", "Input",
-           "MergeFromSidecar", "Operation", "Status", "Step", "provenance_record"]
+           "MergeFromSidecar", "Operation", "RenameColumns", "Status", "Step", "provenance_record"]
