@@ -41,10 +41,30 @@ pytestmark = pytest.mark.ray
 COLUMNS = [("dqm", "dqm_d1_v6_1"), ("aes", "ernie_image_aes"), ("watermark", "watermark")]
 
 
+HOOKS = Path(__file__).resolve().parent / "barrier"
+
+
 @pytest.fixture(scope="module")
-def cluster():
-    with ray_cluster(head={"num_cpus": 2}, workers=[]) as c:
-        yield c
+def hold(tmp_path_factory):
+    """The folder of the cluster's hold (tests/barrier/sitecustomize.py): a test arms it, the first shard read
+    on any worker then holds there, named in `held`."""
+    return tmp_path_factory.mktemp("hold")
+
+
+@pytest.fixture(scope="module")
+def cluster(hold):
+    env = {"PYTHONPATH": os.pathsep.join([str(HOOKS), str(HOOKS.parents[1]), os.environ.get("PYTHONPATH", "")]),
+           "SIDECAR_OPS_TEST_HOLD": str(hold), "SIDECAR_OPS_TEST_HOLD_ARMED": "1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the nodes' processes inherit it; this test process never reads a shard itself
+    try:
+        with ray_cluster(head={"num_cpus": 2}, workers=[]) as c:
+            for k, v in saved.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+            yield c
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 class WholeShards(threading.Thread):
@@ -122,7 +142,7 @@ def rerun_only_missing(setup, before: dict, cluster, env: dict, logs: Path, shar
 
 # ----------------------------------------------------------------- item 8: a worker dies mid-run
 
-def test_killed_worker_retries_its_shard_task_and_every_shard_verifies(cluster, prefect_api, tmp_path):
+def test_killed_worker_retries_its_shard_task_and_every_shard_verifies(cluster, hold, prefect_api, tmp_path):
     shards, rows = 16, 20_000
     setup = build(tmp_path, str(tmp_path / "data") + "/", shards=shards, rows=rows)
     watcher = WholeShards(Path(setup.output), rows)
@@ -131,20 +151,21 @@ def test_killed_worker_retries_its_shard_task_and_every_shard_verifies(cluster, 
     proc, out, err = start_run([setup.pipeline, "--output-prefix", setup.output, "--use-ray",
                                 "--ray-address", cluster.address, "--max-inflight", "4"], env, tmp_path / "logs")
     watcher.start()
+    (hold / "armed").touch()  # the first shard read on the cluster holds: its worker is killed right there
     try:
-        victim, deadline = None, time.monotonic() + 180
-        while victim is None and proc.poll() is None and time.monotonic() < deadline:
-            busy = busy_workers(cluster, "merge")
-            if busy:
-                victim = busy[0].pid
-                os.kill(victim, signal.SIGKILL)
-            time.sleep(0.005)
+        deadline = time.monotonic() + 180
+        while not (hold / "held").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no worker reached a shard read"
+            time.sleep(0.02)
+        (hold / "armed").unlink()
+        victim = int((hold / "held").read_text().split()[0])
+        assert [p.pid for p in busy_workers(cluster, "merge")] == [victim], "the held worker runs a merge task"
+        os.kill(victim, signal.SIGKILL)
         code, stdout, stderr = finish(proc, out, err)
     finally:
         watcher.done.set()
         kill_tagged(tag)
     watcher.join()
-    assert victim is not None, "never saw a worker running a merge task"
     assert code == 0, stderr
     assert "Traceback" not in stdout + stderr
     assert summary_counts(stdout) == (shards, shards, 0, 0)
@@ -164,6 +185,25 @@ def test_killed_worker_retries_its_shard_task_and_every_shard_verifies(cluster, 
 
     assert watcher.reads > 0 and watcher.problems == [], watcher.problems
     assert_complete_and_verified(setup, shards)
+
+
+def driver_job(address: str, driver_pid: int, timeout: float = 60) -> str:
+    """The Ray job id of the driver process `driver_pid` (it registers as the run starts)."""
+    from ray.util.state import list_jobs
+
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs = [j for j in list_jobs(address=address) if j.driver_info and int(j.driver_info.pid) == driver_pid]
+        if jobs:
+            return jobs[0].job_id
+        assert time.monotonic() < deadline, f"no Ray job of driver {driver_pid}"
+        time.sleep(0.2)
+
+
+def job_running(address: str, job_id: str) -> bool:
+    from ray.util.state import list_jobs
+
+    return any(j.job_id == job_id and j.status == "RUNNING" for j in list_jobs(address=address))
 
 
 def flow_task_runs(pipeline: Path, expected: int, wait: float = 30) -> list:
@@ -219,7 +259,7 @@ def test_ctrl_c_then_skip_existing_processes_only_missing_shards(resumable, clus
     finally:
         kill_tagged(tag)
     assert code == 130, stderr
-    assert "interrupted; rerun the same command to resume" in stderr
+    assert "interrupted by SIGINT: " in stderr and "rerun the same command to resume" in stderr, stderr
     assert "Traceback" not in stderr
     assert leftovers == [], "processes of the interrupted run were left running"
     before = shard_identities(out)
@@ -247,14 +287,15 @@ def test_killed_driver_then_skip_existing_processes_only_missing_shards(resumabl
     watcher.start()
     try:
         wait_for_shards(out, proc, 3)
+        job = driver_job(cluster.address, proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        # Ray ends the dead driver's job and its workers; wait until none of them is still at work.
-        quiet_since = time.monotonic()
-        deadline = quiet_since + 60
-        while time.monotonic() - quiet_since < 2 and time.monotonic() < deadline:
-            if busy_workers(cluster, "merge") or busy_workers(cluster, "verify-shard"):
-                quiet_since = time.monotonic()
+        # Ray marks the dead driver's job ended, then ends its workers; once both are seen, nothing of the
+        # killed run can write any more (no owner: none of its tasks starts again).
+        deadline = time.monotonic() + 60
+        while job_running(cluster.address, job) or busy_workers(cluster, "merge") \
+                or busy_workers(cluster, "verify-shard"):
+            assert time.monotonic() < deadline, "the killed driver's job or workers never ended"
             time.sleep(0.1)
         before = shard_identities(out)
         assert 3 <= len(before) < shards, sorted(before)

@@ -9,6 +9,10 @@ shards are done and which one is in flight when it acts (a signal, a kill). With
 SIDECAR_OPS_TEST_HOLD_WRITE_AT=N instead, the N-th output write holds half-way: on local disk once its temp
 file is written (before the fsync and the rename), on S3 once the first part of its multipart upload is in
 (before the rest and the completion).
+
+SIDECAR_OPS_TEST_HOLD_ARMED=1 (for processes started before the test acts, e.g. a Ray cluster's workers): the
+first base read in any process, once DIR/armed exists, claims DIR/held (writing "PID RELPATH") and holds;
+every other read goes on.
 """
 import os
 
@@ -37,6 +41,18 @@ if os.environ.get("SIDECAR_OPS_TEST_BARRIER") or os.environ.get("SIDECAR_OPS_TES
 
     _counts = {}
 
+    def claim(relpath: str) -> bool:
+        folder = os.environ["SIDECAR_OPS_TEST_HOLD"]
+        if not os.path.exists(os.path.join(folder, "armed")):
+            return False
+        try:
+            fd = os.open(os.path.join(folder, "held"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.write(fd, f"{os.getpid()} {relpath}".encode())
+        os.close(fd)
+        return True
+
     def read_base(job, relpath):
         if folder := os.environ.get("SIDECAR_OPS_TEST_BARRIER"):
             parties = int(os.environ["SIDECAR_OPS_TEST_PARTIES"])
@@ -45,6 +61,8 @@ if os.environ.get("SIDECAR_OPS_TEST_BARRIER") or os.environ.get("SIDECAR_OPS_TES
         at = os.environ.get("SIDECAR_OPS_TEST_HOLD_AT")
         if at and counted("read") == int(at):
             hold(relpath)
+        if os.environ.get("SIDECAR_OPS_TEST_HOLD_ARMED") and claim(relpath):
+            wait_for(lambda: os.path.exists(os.path.join(os.environ["SIDECAR_OPS_TEST_HOLD"], "release")))
         return _real_read_base(job, relpath)
 
     merge.read_base = read_base
