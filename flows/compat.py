@@ -279,6 +279,29 @@ def uvicorn_started(server) -> bool:
     return started
 
 
+def uvicorn_server_ending_only_if(config, may_end):
+    """A `uvicorn.Server` for `config` whose SIGINT/SIGTERM end it only while `may_end()` holds (flows/apiserver.py:
+    once the run that started it is gone). Overrides `Server.handle_exit`, uvicorn's handler of both signals,
+    installed by `Server.run`; uvicorn has no public switch for which signals end a server."""
+    import uvicorn
+
+    _require(callable(getattr(uvicorn.Server, "handle_exit", None)), "uvicorn's Server.handle_exit", "uvicorn")
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if may_end():
+                super().handle_exit(sig, frame)
+
+    return Server(config)
+
+
+def uvicorn_request_exit(server) -> None:
+    """Ask a serving `uvicorn.Server` to shut down in order (`Server.should_exit`, what its signal handler sets;
+    the flag uvicorn's docs show for stopping a server from code)."""
+    _require(isinstance(getattr(server, "should_exit", None), bool), "uvicorn's Server.should_exit", "uvicorn")
+    server.should_exit = True
+
+
 # Tables of Prefect's database no run of this tool can do without (a template's sanity check), and the table
 # where Prefect's alembic migrations record the revision.
 PREFECT_CORE_TABLES = frozenset({"alembic_version", "flow", "flow_run", "flow_run_state", "task_run",
@@ -362,11 +385,13 @@ def ray_cluster_id(bootstrap: str, timeout: float) -> None:
     to 'is the head there, does it take our token' (grpc.RpcError when not). `ray.init` instead retries for a
     minute and ends in a traceback; the generated stubs and `init_grpc_channel` are Ray internals."""
     init_grpc_channel = _ray_private("ray._private.grpc_utils", "init_grpc_channel")
-    pb2 = _ray_private("ray.core.generated", "gcs_service_pb2")
-    stubs = _ray_private("ray.core.generated", "gcs_service_pb2_grpc")
+    # The modules themselves: `import ray` loads gcs_service_pb2 but not gcs_service_pb2_grpc, so an attribute of
+    # the package would be missing.
+    request = _ray_private("ray.core.generated.gcs_service_pb2", "GetClusterIdRequest")
+    stub = _ray_private("ray.core.generated.gcs_service_pb2_grpc", "NodeInfoGcsServiceStub")
     channel = init_grpc_channel(bootstrap)
     try:
-        stubs.NodeInfoGcsServiceStub(channel).GetClusterId(pb2.GetClusterIdRequest(), timeout=timeout)
+        stub(channel).GetClusterId(request(), timeout=timeout)
     finally:
         channel.close()
 

@@ -27,6 +27,7 @@ are untouched: the worker still runs Prefect's task engine (``compat.run_task_in
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import pickle
@@ -301,6 +302,19 @@ class FastRayTaskRunner(RayTaskRunner):
         return self
 
 
+def without_job_env(env_vars: dict[str, str]) -> dict[str, str]:
+    """`env_vars` less those the Ray job this driver runs as (``ray job submit --runtime-env-json``) already
+    gives every task with the same value. Ray refuses to start a driver whose ``ray.init`` runtime env names a
+    variable the job's names too, even with an equal value ("Failed to merge the Job's runtime env"), and the
+    job's variables are in this process's environment, so they would always be forwarded twice."""
+    try:
+        job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+        job_vars = (job.get("runtime_env") or {}).get("env_vars") or {}
+    except (ValueError, AttributeError):
+        return env_vars
+    return {k: v for k, v in env_vars.items() if job_vars.get(k) != v}
+
+
 def make_task_runner(
     ray_address: str | None = None,
     task_cpus: float | None = None,
@@ -326,7 +340,7 @@ def make_task_runner(
     env_vars = dict(runtime_env.get("env_vars") or {})
     if api_url:
         env_vars.setdefault("PREFECT_API_URL", api_url)
-    runtime_env["env_vars"] = env_vars
+    runtime_env["env_vars"] = without_job_env(env_vars)
     kwargs["runtime_env"] = runtime_env
 
     remote_options: dict[str, Any] = {}

@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from flows.apiserver import IDENTITY_ENV, IDENTITY_PATH
+from flows.apiserver import IDENTITY_ENV, IDENTITY_PATH, STOP_SIGNAL
 from flows.rundb import RunDatabase
 from tasks.errors import ConfigError
 
@@ -235,17 +235,18 @@ class RunServer:
 
     def stop(self) -> None:
         # A database removed right after needs no orderly shutdown (uvicorn's takes ~0.2 s); a kept one does.
-        stop(self.proc, grace=10.0 if self.db is None else 0.0)
+        # It ignores SIGTERM while this run lives (flows/apiserver.py): STOP_SIGNAL asks it to shut down.
+        stop(self.proc, grace=10.0 if self.db is None else 0.0, signum=STOP_SIGNAL)
         if self.db is not None:
             self.db.remove()
 
 
-def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after `grace` seconds (at once with no grace)."""
+def stop(proc: subprocess.Popen, grace: float = 10.0, signum: int = signal.SIGTERM) -> None:
+    """`signum` (SIGTERM), then SIGKILL after `grace` seconds (at once with no grace)."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM if grace else signal.SIGKILL)
+        os.killpg(proc.pid, signum if grace else signal.SIGKILL)
     try:
         proc.wait(grace or None)
     except subprocess.TimeoutExpired:

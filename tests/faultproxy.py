@@ -6,6 +6,13 @@ response; the rest are forwarded unchanged. Plain threads, http.server and http.
 
     with FaultProxy(upstream=moto_endpoint, rate=0.1, seed=1) as proxy:
         ...                      # proxy.stats: Counter of (fault, operation)
+
+A `Hold` makes a chosen request wait, without any timing: the proxy sets `hold.arrived` when the first
+matching request comes in and keeps it (and any later match) until `hold.release` is set. A test waits for
+`arrived` (the run is then provably at that point), acts, then releases.
+
+    hold = Hold(lambda op, path, client: op == "GetObject" and path.endswith("/part-00005.parquet"))
+    with FaultProxy(upstream=moto_endpoint, rate=0, host="10.0.0.1", hold=hold) as proxy: ...
 """
 from __future__ import annotations
 
@@ -41,6 +48,23 @@ def operation(method: str, path: str) -> str:
             "POST": "PostObject"}.get(method, method)
 
 
+class Hold:
+    """Requests `matches(operation, path, client address)` selects wait until `release` is set."""
+
+    def __init__(self, matches: Callable[[str, str, str], bool]):
+        self.matches = matches
+        self.arrived = threading.Event()
+        self.release = threading.Event()
+        self.held: list[tuple[str, str, str]] = []  # (operation, path, client address) of every request held
+
+    def __call__(self, op: str, path: str, client: str) -> None:
+        if self.release.is_set() or not self.matches(op, path, client):
+            return
+        self.held.append((op, path, client))
+        self.arrived.set()
+        self.release.wait()
+
+
 WRITES = {"PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload"}
 MULTIPART = {"CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload"}
 
@@ -48,24 +72,27 @@ MULTIPART = {"CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload"}
 class FaultProxy:
     """Forward to `upstream`, failing a `rate` share of the requests whose operation `applies` to.
 
-    `faults` picks the kinds (uniformly); `slow_seconds` is the delay of a slow response.
+    `faults` picks the kinds (uniformly); `slow_seconds` is the delay of a slow response. `host` is the address
+    it listens on (another host reaches it only on a non-loopback one); `hold` keeps chosen requests waiting.
     """
 
     def __init__(self, upstream: str, rate: float = 0.1, seed: int = 0, faults: tuple[str, ...] = FAULTS,
-                 applies: Callable[[str], bool] = lambda op: True, slow_seconds: float = 0.3):
+                 applies: Callable[[str], bool] = lambda op: True, slow_seconds: float = 0.3,
+                 host: str = "127.0.0.1", hold: Hold | None = None):
         unknown = set(faults) - set(FAULTS)
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULTS)}")
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
         self.rate, self.faults, self.applies, self.slow_seconds = rate, tuple(faults), applies, slow_seconds
+        self.hold = hold
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.stats: Counter = Counter()  # (fault or "ok", operation) -> count
         self.log: list[tuple[str, str, str | None, int]] = []  # forwarded: (operation, path, Range, reply bytes)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server = ThreadingHTTPServer((host, 0), self._handler_class())
         self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self.url = f"http://{host}:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="faultproxy", daemon=True)
 
     def __enter__(self) -> FaultProxy:
@@ -73,6 +100,8 @@ class FaultProxy:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.hold is not None:
+            self.hold.release.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -141,6 +170,8 @@ class FaultProxy:
             def _handle(self) -> None:
                 op = operation(self.command, self.path)
                 body = self._body()
+                if proxy.hold is not None:
+                    proxy.hold(op, urlsplit(self.path).path, self.client_address[0])
                 fault = proxy.choose(op)
                 if fault == "reset":
                     return self._reset()

@@ -130,6 +130,8 @@ class RayCluster:
     client_port: int
     workers: list[Host]
     logs: Path
+    head_env: dict[str, str] = field(default_factory=dict)
+    dashboard_port: int | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -139,6 +141,11 @@ class RayCluster:
     @property
     def client_address(self) -> str:
         return f"ray://{self.net.head.ip}:{self.client_port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        """The dashboard and its job server (`ray job submit --address`), on the head's cluster address."""
+        return f"http://{self.net.head.ip}:{self.dashboard_port}"
 
     def auth_env(self) -> dict[str, str]:
         """What a driver on any host needs to join: the token, found the way Ray documents."""
@@ -151,11 +158,14 @@ class RayCluster:
                 "RAY_AUTH_TOKEN_PATH": str(self.token_path), "RAY_USAGE_STATS_ENABLED": "0",
                 "RAY_raylet_start_wait_time_s": "60",
                 "AWS_ACCESS_KEY_ID": f"node-{host.ip}-key-id", "AWS_SECRET_ACCESS_KEY": f"node-{host.ip}-secret",
-                "AWS_DEFAULT_REGION": "us-east-1"}
+                "AWS_DEFAULT_REGION": "us-east-1",
+                # the code this test imports (a checkout on PYTHONPATH wins over the venv's editable install)
+                **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {})}
 
     def _start(self, name: str, host: Host, argv: list[str]) -> None:
         log = open(self.logs / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(host.argv(argv), env=self.node_env(host), stdout=log,
+        env = {**self.node_env(host), **(self.head_env if host is self.net.head else {})}
+        self.procs[name] = subprocess.Popen(host.argv(argv), env=env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
 
     def start_head(self) -> None:
@@ -163,10 +173,12 @@ class RayCluster:
         ports = {opt: str(free_port(ip)) for opt in (
             "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
             "--runtime-env-agent-port", "--metrics-export-port", "--node-manager-port", "--object-manager-port")}
+        self.dashboard_port = int(ports["--dashboard-port"])
         self._start("head", self.net.head, [
             str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", ip, "--port", str(self.port),
             "--ray-client-server-port", str(self.client_port), "--num-cpus", "0", "--temp-dir", str(self.temp_dir),
-            "--disable-usage-stats", *[x for kv in ports.items() for x in kv]])
+            "--disable-usage-stats", "--include-dashboard", "true", "--dashboard-host", ip,  # the job server
+            *[x for kv in ports.items() for x in kv]])
 
     def start_worker(self, host: Host, cpus: int = 1) -> None:
         name = f"worker-{host.ip}"
@@ -219,15 +231,17 @@ class RayCluster:
 
 
 @contextlib.contextmanager
-def ray_cluster(net: Network, workers: list[Host], work: Path):
-    """A Ray head on the head host (0 CPUs) and a 1-CPU worker node on each of `workers`, token auth on."""
+def ray_cluster(net: Network, workers: list[Host], work: Path, head_env: dict[str, str] | None = None):
+    """A Ray head on the head host (0 CPUs) with its dashboard and job server on the cluster address, and a
+    1-CPU worker node on each of `workers`, token auth on. `head_env`: more of the head's environment (what
+    the job supervisor reads, such as RAY_JOB_STOP_WAIT_TIME_S)."""
     token = work / "ray-token"
     token.write_text(secrets.token_hex(32))
     logs = work / "cluster-logs"
     logs.mkdir(parents=True, exist_ok=True)
     temp_dir = Path(f"/tmp/sco-{net.id}")  # short: Ray's unix socket paths must fit 107 bytes
     cluster = RayCluster(net, uuid.uuid4().hex, token, temp_dir, free_port(net.head.ip),
-                         free_port(net.head.ip), workers, logs)
+                         free_port(net.head.ip), workers, logs, dict(head_env or {}))
     try:
         cluster.start_head()
         cluster.wait_for_log("head", "will now block forever")  # workers that join too early time out

@@ -11,6 +11,7 @@ import gzip
 import inspect
 import logging
 import re
+import signal
 import sqlite3
 from contextlib import closing
 from importlib.metadata import version
@@ -251,6 +252,18 @@ def test_api_app_and_uvicorn():
          "uvicorn")
     with raises_naming("uvicorn"):
         compat.uvicorn_started(object())
+    ending = []
+    server = compat.uvicorn_server_ending_only_if(uvicorn.Config(app=None), lambda: bool(ending))
+    server.handle_exit(signal.SIGTERM, None)
+    assert server.should_exit is False  # ignored while it may not end
+    ending.append(True)
+    server.handle_exit(signal.SIGTERM, None)
+    assert server.should_exit is True
+    server = uvicorn.Server(uvicorn.Config(app=None))
+    compat.uvicorn_request_exit(server)
+    assert server.should_exit is True
+    with raises_naming("uvicorn"):
+        compat.uvicorn_request_exit(object())
 
 
 def test_migrations_head_is_the_shipped_templates_revision():

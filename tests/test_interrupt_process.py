@@ -81,3 +81,20 @@ def test_a_grace_period_that_runs_out_abandons_the_shard_in_flight_and_removes_t
     assert tagged(tag) == [], "the run's Prefect server is gone"
     assert list((home / FOLDER).glob("run-*")) == [], "the run's database is removed"
     assert (home / FOLDER).exists(), "(the folder the run's database lived in)"
+
+
+def test_sigterm_to_the_run_and_every_process_it_started_still_summarizes(tmp_path):
+    """`ray job stop` and systemd signal every process of the run, its own Prefect server included: the server
+    outlives that SIGTERM while the run lives (the run stops it last), so the run still ends as above. Before:
+    the server died at once and the run hung on its unreachable API, no summary, until SIGKILL."""
+    setup, hold, home, tag, proc, out, err = held_run(tmp_path, "--grace-seconds", "0.5")
+    tree = [p for p in tagged(tag) if p.pid == proc.pid or p.ppid == proc.pid]
+    assert any("flows.apiserver" in p.title for p in tree), [p.title for p in tree]
+    for p in tree:
+        os.kill(p.pid, signal.SIGTERM)
+    code, stdout, stderr = finish(proc, out, err, timeout=60)
+    assert code == 130, stderr
+    assert f"interrupted by SIGTERM: {SHARDS - HOLD_AT} shards not started, 1 abandoned in flight" in stderr
+    assert "Error logging to API" not in stderr and "Traceback" not in stderr, stderr
+    assert objects(setup.output) == REL[:HOLD_AT - 1]
+    assert tagged(tag) == [], "the run's Prefect server is gone"

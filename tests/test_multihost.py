@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from core_fixtures import build, read_table
+from faultproxy import FaultProxy, Hold
 from netns_cluster import BIN, can_build, free_port, network, ray_cluster
 from ray_fixtures import TAG, kill_tagged, new_tag, tagged
 
@@ -33,6 +34,9 @@ SHARD_TASKS = ("merge", "verify-shard")
 DRIVER_SECRETS = {"AWS_ACCESS_KEY_ID": "driver-key-id-7f3a", "AWS_SECRET_ACCESS_KEY": "driver-secret-9c2e",
                   "AWS_SESSION_TOKEN": "driver-session-token-51d0"}
 RUN_TIMEOUT = 300
+# The head's RAY_JOB_STOP_WAIT_TIME_S: how long `ray job stop` lets the entrypoint end after SIGTERM before its
+# SIGKILL (Ray's default 3 s). Well above the job test's --grace-seconds, so the summary is always printed.
+JOB_STOP_WAIT = 60
 
 
 # ----------------------------------------------------------------- the hosts, the cluster, S3 and the data
@@ -45,7 +49,8 @@ def net():
 
 @pytest.fixture(scope="module")
 def cluster(net, tmp_path_factory):
-    with ray_cluster(net, net.hosts[:2], tmp_path_factory.mktemp("cluster")) as c:
+    with ray_cluster(net, net.hosts[:2], tmp_path_factory.mktemp("cluster"),
+                     head_env={"RAY_JOB_STOP_WAIT_TIME_S": str(JOB_STOP_WAIT)}) as c:
         yield c
 
 
@@ -408,3 +413,142 @@ def test_losing_a_worker_host_mid_run_then_rerun_completes(cluster, data, refere
     verify_passes(data, out_prefix, s3, tmp_path / "home3")
     cluster.start_worker(lost)  # the host comes back for whatever runs next
     cluster.wait_for_nodes(3)
+
+
+# ----------------------------------------------------------------- ray job submit, ray job stop, resubmit
+
+def ray_job(cluster, *args: str, timeout: float = 180) -> str:
+    """`ray job ARGS --address DASHBOARD` as an operator runs it on any host: the cluster token, no RAY_ADDRESS."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    env.update({"RAY_AUTH_MODE": "token", **cluster.auth_env()})
+    sub, *rest = args
+    out = subprocess.run([str(BIN / "ray"), "job", sub, "--address", cluster.dashboard_url, *rest], env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"ray job {' '.join(args)}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout + out.stderr
+
+
+def job_status(cluster, job_id: str) -> str:
+    """The job's status from the job server's REST API (what `ray job status` asks), with the cluster token."""
+    req = urllib.request.Request(f"{cluster.dashboard_url}/api/jobs/{job_id}",
+                                 headers={"Authorization": "Bearer " + cluster.token_path.read_text().strip()})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())["status"]
+
+
+def wait_for_job(cluster, job_id: str, until, timeout: float = RUN_TIMEOUT) -> str:
+    """Poll the job's status until `until(status)` holds (deadline: `timeout`); returns the status."""
+    deadline = time.monotonic() + timeout
+    while not until(status := job_status(cluster, job_id)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} still {status} after {timeout:.0f}s:\n"
+                                 + ray_job(cluster, "logs", job_id)[-4000:])
+        time.sleep(1)
+    return status
+
+
+def job_story(cluster, job_id: str, *files: Path) -> str:
+    """For a failure message: the job's logs, the head's lines about the job (its supervisor says whether the
+    entrypoint ended after the stop signal or was SIGKILLed), and the tails of `files`."""
+    lines = []
+    for log in sorted((cluster.temp_dir / "session_latest" / "logs").rglob("*")):
+        if log.is_file() and log.suffix in (".log", ".out", ".err"):
+            lines += [f"{log.name}: {line}" for line in log.read_text(errors="replace").splitlines()
+                      if job_id in line or "terminate" in line]
+    tails = [f"--- {f}\n{f.read_text(errors='replace')[-3000:]}" for f in files if f.is_file()]
+    return "\n".join([ray_job(cluster, "logs", job_id)[-4000:], "--- head", *lines[-40:], *tails])
+
+
+def object_versions(client, bucket: str, prefix: str) -> dict[str, list[tuple[str, str]]]:
+    """Every object version under `prefix`: key -> [(version id, ETag)], newest first."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for page in client.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=prefix):
+        for v in page.get("Versions", []):
+            found.setdefault(v["Key"], []).append((v["VersionId"], v["ETag"]))
+        assert not page.get("DeleteMarkers"), page["DeleteMarkers"]
+    return found
+
+
+# The second submission's extra arguments. `("--overwrite",)` is the mutant the test must catch, a resume that
+# recomputes everything: set it by hand and the S3 versions check fails (then the summary counts would).
+RESUBMIT_EXTRA: tuple[str, ...] = ()
+
+
+def test_ray_job_submit_stop_then_the_same_submission_recomputes_only_the_missing_shards(
+        cluster, data, reference, s3, tmp_path):
+    """The guide's job on the cluster: `ray job submit` of `sidecar-ops run --use-ray` to the head's job server,
+    `ray job stop` while one shard is provably in flight (its base shard's GET from a worker host is held by
+    a proxy in front of S3), then the same submission again. The first job ends STOPPED with some shards
+    written, each whole, and none of the held one; the second SUCCEEDS merging exactly the missing shards
+    and skipping the others, whose objects it leaves untouched (same S3 version); the output verifies."""
+    import boto3
+
+    bucket = "cluster-jobs"  # versioned: any rewrite of a shard would add a version
+    client = boto3.client("s3", endpoint_url=s3)
+    client.create_bucket(Bucket=bucket)
+    client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    out_key = "all_in_one/"
+    out_prefix = f"s3://{bucket}/{out_key}"
+    held = sorted(relpaths(SHARDS))[SHARDS // 2]
+    held_path = "/" + (data.prefixes["base"] + held).removeprefix("s3://")
+    workers = {h.ip for h in cluster.workers}
+    hold = Hold(lambda op, path, client_ip: op == "GetObject" and path == held_path and client_ip in workers)
+    tag = new_tag()
+    home = tmp_path / "prefect-home"  # the driver runs on the head: its PREFECT_HOME, not the head's ~/.prefect
+    entrypoint = [f"{TAG}={tag}", f"PREFECT_HOME={home}",  # test plumbing: cleanup by tag, a fresh home
+                  "sidecar-ops", "run", str(data.pipeline), "--output-prefix", out_prefix, "--use-ray",
+                  "--task-cpus", "1", "--max-inflight", "2", "--grace-seconds", "2"]
+    with FaultProxy(s3, rate=0.0, host=cluster.net.head.ip, hold=hold) as proxy:
+        runtime_env = json.dumps({"env_vars": {"AWS_ENDPOINT_URL": proxy.url}})
+
+        def submit(job_id: str, *extra: str) -> None:
+            ray_job(cluster, "submit", "--no-wait", "--submission-id", job_id, "--runtime-env-json", runtime_env,
+                    "--", *entrypoint, *extra)
+
+        first, second = f"sidecar-ops-{tag[:8]}-1", f"sidecar-ops-{tag[:8]}-2"
+        try:
+            submit(first)
+            deadline = time.monotonic() + RUN_TIMEOUT
+            while not hold.arrived.wait(1):  # the held shard is in flight: the run is provably mid-run
+                status = job_status(cluster, first)
+                assert status in ("PENDING", "RUNNING") and time.monotonic() < deadline, \
+                    f"job {status}, hold never reached:\n" + ray_job(cluster, "logs", first)[-4000:]
+            ray_job(cluster, "stop", first)  # SIGTERM to the entrypoint; waits for a terminal status
+            assert wait_for_job(cluster, first, lambda s: s not in ("PENDING", "RUNNING")) == "STOPPED"
+        finally:
+            hold.release.set()
+            kill_tagged(tag)
+        first_logs = ray_job(cluster, "logs", first)
+        assert "interrupted by SIGTERM" in first_logs, job_story(cluster, first, home / "sidecar-ops-server.log")
+        assert "Traceback" not in first_logs, first_logs[-4000:]
+
+        # After the stop: some shards written, not the held one; every visible object is a whole shard.
+        before = object_versions(client, bucket, out_key)
+        written = {key.removeprefix(out_key) for key in before}
+        assert held not in written and 0 < len(written) < SHARDS, (held, sorted(written))
+        assert all(len(v) == 1 for v in before.values()), before
+        assert written <= set(relpaths(SHARDS)), sorted(written)  # only complete *.parquet, nothing else
+        for rel in written:
+            assert read_table(out_prefix + rel).replace_schema_metadata(None) == reference[rel], rel
+        # ...and the first job's summary says so: what it merged, and that the rest was not started or abandoned.
+        assert counts(first_logs)[:2] == (SHARDS, len(written)), first_logs[-4000:]
+        stopped = re.search(r"interrupted by SIGTERM: (\d+) shards not started, (\d+) abandoned in flight",
+                            first_logs)
+        assert stopped and sum(map(int, stopped.groups())) == SHARDS - len(written), first_logs[-4000:]
+
+        # The same submission again (the hold released): only the missing shards are merged.
+        try:
+            submit(second, *RESUBMIT_EXTRA)
+            status = wait_for_job(cluster, second, lambda s: s not in ("PENDING", "RUNNING"))
+        finally:
+            kill_tagged(tag)
+        second_logs = ray_job(cluster, "logs", second)
+        assert status == "SUCCEEDED", second_logs[-4000:]
+    after = object_versions(client, bucket, out_key)
+    assert {k: after[k] for k in before} == before  # the first job's shards: not rewritten (same version)
+    assert "Traceback" not in second_logs and "ERROR" not in second_logs, second_logs[-4000:]
+    assert counts(second_logs) == (SHARDS, SHARDS - len(written), len(written), 0), second_logs[-4000:]
+    assert set(after) == {out_key + rel for rel in relpaths(SHARDS)}
+    assert all(len(v) == 1 for v in after.values()), after
+    assert tables(out_prefix) == reference
+    verify_passes(data, out_prefix, s3, tmp_path / "verify-home")
