@@ -171,6 +171,20 @@ MUTANTS = [
            '    if prov.get("input_key") != shard_key(prov["fingerprint"], footers.relpath, footers.inputs):',
            "    if False:",
            ("tests/test_stale_recompute.py::test_failed_recompute_of_a_stale_output_is_reported_and_fails_verify",)),
+    # ------------------------------------------------------------ interrupted
+    Mutant("N1", "One way to be interrupted", "the shard window ignores a requested stop (SIGINT/SIGTERM, "
+           "fail-fast): every shard is still submitted", "flows/scheduler.py",
+           "            if stop.requested:\n                break\n", "",
+           ("tests/test_interrupt.py::test_a_signal_stops_new_shards_finishes_the_one_in_flight_and_says_so[SIGINT]",
+            "tests/test_flow_local.py::test_fail_fast_stops_submitting")),
+    Mutant("N2", "One way to be interrupted", "an interrupted --overwrite cannot be continued: nothing written "
+           "since --overwrite-before counts as done", "tasks/merge.py",
+           "        return bool(written) and bool(self.overwrite_before) and utc(written) >= utc(self.overwrite_before)",
+           "        return False",
+           ("tests/test_interrupt.py::test_an_interrupted_overwrite_continues_with_what_its_summary_says[SIGINT]",)),
+    Mutant("N3", "One way to be interrupted", "a signal during verify ends it with a partial report",
+           "flows/verify.py", "        if stop.by_signal:\n            raise Interrupted(stop.reason)\n", "",
+           ("tests/test_interrupt.py::test_a_signal_during_verify_ends_it_incomplete_not_passed",)),
     # ------------------------------------------------------------ nothing dropped
     Mutant("D1", "Nothing dropped silently", "an empty (0-byte) base shard dropped by the listing",
            "tasks/storage/__init__.py", '        if rel.endswith(".parquet"):',
