@@ -65,10 +65,13 @@ def root(request, tmp_path):
 @pytest.fixture(scope="session")
 def prefect_api():
     """One real local Prefect API for the whole session."""
-    from prefect.settings import PREFECT_API_URL
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    # No flow run heartbeats, as on a run-scoped server (flows/server.py): they serve crash detection on a
+    # long-lived server, and their thread makes the end of every in-process run wait up to a second.
+    with prefect_test_harness(server_startup_timeout=120), \
+            temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield PREFECT_API_URL.value()
 
 
