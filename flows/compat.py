@@ -261,6 +261,18 @@ def drain_prefect_workers(timeout: float) -> None:
         worker.drain_all(timeout=timeout)
 
 
+def wait_for_events_sent() -> None:
+    """Block until this process's EventsWorker (a QueueService in prefect._internal) has sent every event queued
+    so far (`wait_until_empty`): a Ray worker calls it after each task, so the task's state events are on their
+    way to the API before its result reaches the driver. Otherwise a runner that shuts its local Ray down once the
+    last result is in kills workers with those events still queued, and the UI never shows those task runs."""
+    from prefect.events.worker import EventsWorker
+
+    _require(callable(getattr(EventsWorker, "wait_until_empty", None)), "prefect's EventsWorker.wait_until_empty",
+             "prefect")
+    EventsWorker.instance().wait_until_empty()
+
+
 # ------------------------------------------------------------------ Prefect: a server without Prefect's CLI
 
 def prefect_api_app():

@@ -152,7 +152,7 @@ def _run_prefect_task_fast(
     # The engine's client lookup picks up the shared client (compat.sharing_client),
     # so no new HTTP client is built per task.
     with settings.model_copy(), compat.sharing_client(client):
-        return compat.run_task_in_worker(
+        state = compat.run_task_in_worker(
             task,
             task_run_id=task_run_id,
             parameters=parameters,
@@ -160,6 +160,8 @@ def _run_prefect_task_fast(
             dependencies=dependencies,
             context=context,
         )
+        compat.wait_for_events_sent()  # the task run's states reach the API before its result reaches the driver
+        return state
 
 
 # --------------------------------------------------------------------------

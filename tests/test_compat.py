@@ -239,6 +239,16 @@ def test_drain_missing(monkeypatch):
         compat.drain_prefect_workers(timeout=0)
 
 
+def test_wait_for_events_sent(monkeypatch):
+    """Waits on the process's EventsWorker queue (nothing queued here: returns at once); gone, it says so."""
+    from prefect.events.worker import EventsWorker
+
+    compat.wait_for_events_sent()
+    monkeypatch.setattr(EventsWorker, "wait_until_empty", None)
+    with raises_naming("prefect"):
+        compat.wait_for_events_sent()
+
+
 # ---------------------------------------------------------------- Prefect: a server without Prefect's CLI
 
 def test_api_app_and_uvicorn():
