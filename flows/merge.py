@@ -1,4 +1,4 @@
-"""The merge flow: plan -> per shard: merge op 0 -> op 1 -> ... -> verify (or one fused task) -> summary.
+"""The merge flow: plan -> per shard: merge op 0 -> op 1 -> ... -> write and check (or one fused task) -> summary.
 
 Run it with `sidecar-ops run PIPELINE.yaml ...` or `python flows/merge.py PIPELINE.yaml ...`.
 """
@@ -17,8 +17,8 @@ from flows.runconfig import DEFAULT_MAX_INFLIGHT, DEFAULT_RETRIES, RunConfig, Ru
 from flows.interrupt import DEFAULT_GRACE, Stop, handling
 from flows.scheduler import Window, make_runner, run_window
 from tasks.merge import Job, now_utc
-from tasks.plan import make_plan, refuse_foreign, refuse_unmatched
-from tasks.prefect_tasks import fused_shard, merge_step, verify_step
+from tasks.plan import Plan, make_plan, refuse_foreign, refuse_unmatched
+from tasks.prefect_tasks import fused_shard, merge_step
 from tasks.progress import Progress
 from tasks.storage import sweep_stale
 from tasks.summary import RunFailed, Summary
@@ -32,25 +32,25 @@ def run_id() -> str:
 
 
 class ShardSteps:
-    """The Prefect tasks of one shard, built once per run: a chain of one task per operation then the verify
-    task (the default: each step shows in the UI), or one task doing all of them (`fuse_operations`)."""
+    """The Prefect tasks of one shard, built once per run: a chain of one task per operation, the last one
+    writing and checking the output (the default: each step shows in the UI), or one task doing all of them
+    (`fuse_operations`). Each task is handed the plan's listing of the shard's inputs (`Plan.listed`)."""
 
-    def __init__(self, runner, job: Job, config: RunConfig):
-        self.runner, self.job, self.fused = runner, job, config.fuse_operations
+    def __init__(self, runner, plan: Plan, config: RunConfig):
+        self.runner, self.plan, self.job, self.fused = runner, plan, plan.job, config.fuse_operations
         self.merge = merge_step.with_options(retries=config.retries)
-        self.verify = verify_step.with_options(retries=config.retries)
         self.whole = fused_shard.with_options(retries=config.retries)
 
     def submit(self, relpath: str) -> list:
         """The futures of one shard, its last task last."""
+        listed = self.plan.listed(relpath)
         if self.fused:
-            return [self.runner.submit(self.whole, {"job": self.job, "relpath": relpath})]
+            return [self.runner.submit(self.whole, {"job": self.job, "relpath": relpath, "listed": listed})]
         futures, upstream = [], None
         for index in range(len(self.job.pipeline.operations)):
             upstream = self.runner.submit(self.merge, {"job": self.job, "relpath": relpath, "index": index,
-                                                       "state": upstream})
+                                                       "state": upstream, "listed": listed})
             futures.append(upstream)
-        futures.append(self.runner.submit(self.verify, {"job": self.job, "relpath": relpath, "stats": upstream}))
         return futures
 
 
@@ -129,7 +129,7 @@ def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
     if plan.todo and not stop.requested:
         # Our signal handlers again once the runner has started: Ray installs a SIGTERM handler of its own.
         with make_runner(config.runner, PREFECT_API_URL.value()) as runner, handling(stop, config.grace_seconds):
-            run_shards(ShardSteps(runner, job, config), plan.todo, config, summary, progress, ui, logger, stop,
+            run_shards(ShardSteps(runner, plan, config), plan.todo, config, summary, progress, ui, logger, stop,
                        window)
             if window.abandoned and hasattr(runner, "abandon"):
                 runner.abandon()

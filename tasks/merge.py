@@ -1,7 +1,8 @@
 """The per-shard merge kernel: pure pyarrow, no Prefect, no Ray.
 
-A shard goes read_base -> apply_step(0) -> apply_step(1) ... -> write_output -> verify_output. The state
-between steps is a `ShardState` (the table plus provenance records); everything else is plain values.
+A shard goes read_base -> apply_step(0) -> apply_step(1) ... -> write_output, which ends with the post-write
+check (verify_output) of what it stored. The state between steps is a `ShardState` (the table, the base's keys
+as read, provenance records); everything else is plain values.
 """
 from __future__ import annotations
 
@@ -85,6 +86,7 @@ class ShardState:
     row_group_size: int | None
     records: list[dict] = field(default_factory=list)  # each step's provenance record (tasks.ops.provenance_record)
     base_input: str = ""  # identity of the base shard as read (storage.file_identity)
+    base_keys: pa.ChunkedArray | None = None  # the base's key column as read: what the written keys must equal
 
     def inputs(self) -> dict:
         """What this shard was made from: the base's identity and each operation's sibling's (or 'absent')."""
@@ -130,7 +132,7 @@ def _fail(relpath: str, where: str, exc: BaseException) -> ShardError:
 def read_base(job: Job, relpath: str) -> ShardState:
     """The base shard without the image column (a sidecar never carries image bytes)."""
     uri = job.base_uri(relpath)
-    image = job.pipeline.dataset.image_column
+    image, key = job.pipeline.dataset.image_column, job.pipeline.dataset.key_column
     try:
         with storage.open_parquet(uri) as f:
             identity = storage.file_identity(uri, f)
@@ -140,7 +142,8 @@ def read_base(job: Job, relpath: str) -> ShardState:
             groups = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
     except Exception as exc:  # corrupt, vanished or unreadable: say which shard
         raise _fail(relpath, f"reading base shard {uri}", exc) from exc
-    return ShardState(table, max(groups) if groups else None, base_input=identity)
+    keys = table[key] if key in table.column_names else None
+    return ShardState(table, max(groups) if groups else None, base_input=identity, base_keys=keys)
 
 
 def apply_step(job: Job, relpath: str, index: int, state: ShardState) -> ShardState:
@@ -151,7 +154,7 @@ def apply_step(job: Job, relpath: str, index: int, state: ShardState) -> ShardSt
     except Exception as exc:
         raise _fail(relpath, f"operations[{index}] ({op.describe()})", exc) from exc
     record = provenance_record(op, step)
-    return ShardState(table, state.row_group_size, [*state.records, record], state.base_input)
+    return ShardState(table, state.row_group_size, [*state.records, record], state.base_input, state.base_keys)
 
 
 def provenance(job: Job, relpath: str, state: ShardState) -> dict:
@@ -178,17 +181,25 @@ def check_extensions(job: Job, schema: pa.Schema, allow_missing: bool = False) -
 
 
 def write_output(job: Job, relpath: str, state: ShardState) -> ShardStats:
+    """Write the shard atomically, then check what was stored (verify_output): from the payload itself where
+    the backend proved the object holds exactly it (S3's checksums), else by reading the object back."""
+    stats, written = store_output(job, relpath, state)
+    return verify_output(job, relpath, stats, written.payload, state.base_keys)
+
+
+def store_output(job: Job, relpath: str, state: ShardState) -> tuple[ShardStats, storage.Written]:
+    """Write the shard atomically, with its provenance; no check (write_output checks)."""
     skipped = sum(r.get("status") == Status.SKIPPED.value for r in state.records)
     table = state.table
     try:
         check_extensions(job, table.schema, allow_missing=skipped > 0)
         meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"pandas"}
         meta[PROVENANCE_KEY] = json.dumps(provenance(job, relpath, state), sort_keys=True).encode()
-        nbytes = storage.write_atomic(table.replace_schema_metadata(meta), job.output_uri(relpath),
-                                      row_group_size=state.row_group_size, plain=job.key_columns)
+        written = storage.write_atomic(table.replace_schema_metadata(meta), job.output_uri(relpath),
+                                       row_group_size=state.row_group_size, plain=job.key_columns)
     except Exception as exc:
         raise _fail(relpath, f"writing {job.output_uri(relpath)}", exc) from exc
-    return ShardStats(relpath, table.num_rows, nbytes, skipped)
+    return ShardStats(relpath, table.num_rows, written.size, skipped), written
 
 
 def merge_shard(job: Job, relpath: str) -> ShardStats:
@@ -198,7 +209,6 @@ def merge_shard(job: Job, relpath: str) -> ShardStats:
     for index in range(len(job.pipeline.operations)):
         state = apply_step(job, relpath, index, state)
     stats = write_output(job, relpath, state)
-    verify_output(job, relpath, stats)
     return ShardStats(stats.relpath, stats.rows, stats.bytes, stats.skipped_ops, time.perf_counter() - start)
 
 
@@ -212,12 +222,17 @@ def read_provenance(metadata: pq.FileMetaData) -> dict | None:
         return None
 
 
-def verify_output(job: Job, relpath: str, stats: ShardStats) -> ShardStats:
-    """Re-read the written shard's footer and key column: rows and keys equal the base, types conform."""
+def verify_output(job: Job, relpath: str, stats: ShardStats, payload: pa.Buffer | None = None,
+                  base_keys: pa.ChunkedArray | None = None) -> ShardStats:
+    """The post-write check: the output's footer (provenance, row count, declared types) and its key column
+    as written, equal to the base's. Read from `payload` (the bytes the store proved it holds) when given,
+    else from the stored object; the base's keys are `base_keys` (as the shard task read them) when given,
+    else read again."""
     uri = job.output_uri(relpath)
     key = job.pipeline.dataset.key_column
     try:
-        with storage.open_parquet(uri) as f:
+        stored = pa.BufferReader(payload) if payload is not None else storage.open_parquet(uri, stats.bytes or None)
+        with stored as f:
             pf = pq.ParquetFile(f)
             prov = read_provenance(pf.metadata)
             if not prov or not job.pipeline.accepts(prov.get("fingerprint")):
@@ -226,8 +241,11 @@ def verify_output(job: Job, relpath: str, stats: ShardStats) -> ShardStats:
                 raise ShardError(f"output has {pf.metadata.num_rows} rows, expected {stats.rows}")
             check_extensions(job, pf.schema_arrow, allow_missing=stats.skipped_ops > 0)
             written = pf.read(columns=[key])[key]
-        with storage.open_parquet(job.base_uri(relpath)) as f:
-            base = pq.ParquetFile(f).read(columns=[key])[key]
+        if base_keys is not None:
+            base = base_keys
+        else:
+            with storage.open_parquet(job.base_uri(relpath)) as f:
+                base = pq.ParquetFile(f).read(columns=[key])[key]
         if len(base) != len(written) or not pc.all(pc.equal(base, written), min_count=0).as_py():
             raise ShardError(f"key column {key!r} of the output differs from the base")
     except Exception as exc:

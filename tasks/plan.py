@@ -69,6 +69,16 @@ class Plan:
         return shard_inputs(self.base.ids.get(relpath, ""),
                             [self._identity(i, relpath) for i in range(len(self.job.pipeline.operations))])
 
+    def listed(self, relpath: str) -> dict[str, str]:
+        """URI -> listed identity of each input of relpath (storage.ABSENT for a sibling the listing did not
+        have): what its shard task's first attempt reads (storage.listed), without asking the store again."""
+        out = {self.job.base_uri(relpath): self.base.ids.get(relpath) or storage.ABSENT}
+        for index in range(len(self.job.pipeline.operations)):
+            source, listing = self.input(index), self.siblings(index)
+            if source is not None:
+                out[source.uri(relpath)] = listing.ids.get(relpath) or storage.ABSENT
+        return out
+
     def _identity(self, index: int, relpath: str) -> str:
         listing = self.siblings(index)
         return NO_INPUT if listing is None else listing.ids.get(relpath, ABSENT)

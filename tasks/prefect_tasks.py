@@ -72,43 +72,46 @@ def cached_output(job: Job, relpath: str, state: ShardState) -> ShardStats | Non
     return ShardStats(relpath, rows=meta.num_rows, bytes=size, skipped_ops=skipped)
 
 
+def first_attempt_reads(listed: dict[str, str] | None):
+    """A shard task's first attempt reads the inputs the plan listed, as listed (no request to ask for their
+    size and version again); a retry sees them as they are now (one may have been replaced since)."""
+    return storage.listed(listed or {} if task_run.run_count <= 1 else {})
+
+
 @task(name="merge", task_run_name="merge[{index}] {relpath}", **SHARD_TASK)
-def merge_step(job: Job, relpath: str, index: int, state: ShardState | None = None) -> ShardState | ShardStats:
-    """Operation `index` on one shard: the first step reads the base, the last one writes the output
-    unless an output made from the same inputs is already there (then the task ends as Cached)."""
+def merge_step(job: Job, relpath: str, index: int, state: ShardState | None = None,
+               listed: dict[str, str] | None = None) -> ShardState | ShardStats:
+    """Operation `index` on one shard: the first step reads the base, the last one writes and checks the
+    output unless an output made from the same inputs is already there (then the task ends as Cached).
+    `listed`: the plan's identities of the shard's inputs (Plan.listed)."""
     if isinstance(state, ShardStats):
         return state  # an upstream attempt found the shard already written
-    if state is None:
-        state = merge.read_base(job, relpath)
-    state = merge.apply_step(job, relpath, index, state)
+    with first_attempt_reads(listed):
+        if state is None:
+            state = merge.read_base(job, relpath)
+        state = merge.apply_step(job, relpath, index, state)
     if index < len(job.pipeline.operations) - 1:
         return state
     return write_unless_cached(job, relpath, state)
 
 
-def write_unless_cached(job: Job, relpath: str, state: ShardState, check=None):
-    """The written output's stats, or a Completed state named Cached when a retry finds it already written.
-    `check(job, relpath, stats)`, when given, is the post-write check: it runs on the output returned, the
-    found one as well as a freshly written one (an earlier attempt's check may have failed on that output)."""
+def write_unless_cached(job: Job, relpath: str, state: ShardState):
+    """The written and checked output's stats, or a Completed state named Cached when a retry finds it already
+    written. The post-write check (merge.verify_output) runs on the output returned: a fresh write checks what
+    it stored, a found output is read back and checked (an earlier attempt's check may have failed on it)."""
     found = cached_output(job, relpath, state)
-    stats = found or merge.write_output(job, relpath, state)
-    if check is not None:
-        stats = check(job, relpath, stats)
     if found is None:
-        return stats
+        return merge.write_output(job, relpath, state)
+    stats = merge.verify_output(job, relpath, found, base_keys=state.base_keys)
     return Completed(name="Cached", message="output shard already made from these inputs", data=stats)
 
 
-@task(name="verify-shard", task_run_name="verify {relpath}", **SHARD_TASK)
-def verify_step(job: Job, relpath: str, stats: ShardStats) -> ShardStats:
-    return merge.verify_output(job, relpath, stats)
-
-
 @task(name="merge-shard", task_run_name="merge {relpath}", **SHARD_TASK)
-def fused_shard(job: Job, relpath: str) -> ShardStats:
-    """Every operation of one shard, the write and its verification in one task (`--fuse-operations`):
-    one task run per shard instead of one per operation plus one, for runs of very many shards."""
-    state = merge.read_base(job, relpath)
-    for index in range(len(job.pipeline.operations)):
-        state = merge.apply_step(job, relpath, index, state)
-    return write_unless_cached(job, relpath, state, check=merge.verify_output)
+def fused_shard(job: Job, relpath: str, listed: dict[str, str] | None = None) -> ShardStats:
+    """Every operation of one shard, the write and its check in one task (`--fuse-operations`): one task
+    run per shard instead of one per operation, for runs of very many shards."""
+    with first_attempt_reads(listed):
+        state = merge.read_base(job, relpath)
+        for index in range(len(job.pipeline.operations)):
+            state = merge.apply_step(job, relpath, index, state)
+    return write_unless_cached(job, relpath, state)

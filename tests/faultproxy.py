@@ -28,6 +28,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 FAULTS = ("slowdown", "internal", "reset", "reset_after", "slow")
+# Chosen only by name, never by default: a write's body reaches moto with one byte changed (moto stores what it
+# got and answers with the checksum of that, as a store behind a faulty network path would).
+CORRUPT = "corrupt"
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
 
 ERROR_BODY = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
@@ -79,9 +82,9 @@ class FaultProxy:
     def __init__(self, upstream: str, rate: float = 0.1, seed: int = 0, faults: tuple[str, ...] = FAULTS,
                  applies: Callable[[str], bool] = lambda op: True, slow_seconds: float = 0.3,
                  host: str = "127.0.0.1", hold: Hold | None = None):
-        unknown = set(faults) - set(FAULTS)
+        unknown = set(faults) - {*FAULTS, CORRUPT}
         if unknown:
-            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULTS)}")
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULTS)}, {CORRUPT}")
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
         self.rate, self.faults, self.applies, self.slow_seconds = rate, tuple(faults), applies, slow_seconds
@@ -180,6 +183,9 @@ class FaultProxy:
                 if fault == "internal":
                     return self._error(500, "InternalError", "We encountered an internal error. "
                                                              "Please try again.")
+                if fault == CORRUPT and body:
+                    middle = len(body) // 2
+                    body = body[:middle] + bytes([body[middle] ^ 0xFF]) + body[middle + 1:]
                 status, headers, data = self._forward(body)
                 with proxy._lock:
                     proxy.log.append((op, urlsplit(self.path).path, self.headers.get("Range"), len(data)))

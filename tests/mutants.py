@@ -48,8 +48,8 @@ MUTANTS = [
     # ------------------------------------------------------------ atomic shards
     Mutant("A1", "Atomic shards", "local shard written straight to the final name (plain open(final, 'wb'))",
            "tasks/storage/local.py",
-           "        return self._replace(uri, lambda temp: pq.write_table(table, temp, **options))",
-           "        pq.write_table(table, uri, **options)\n        return os.path.getsize(uri)",
+           "        return Written(self._replace(uri, lambda temp: pq.write_table(table, temp, **options)))",
+           "        pq.write_table(table, uri, **options)\n        return Written(os.path.getsize(uri))",
            (W + "test_a_write_failing_half_way_never_shows_at_the_final_name",)),
     Mutant("A2", "Atomic shards", "local text write (`put`) straight to the final name", "tasks/storage/local.py",
            "        self._replace(uri, write)", "        write(uri)",
@@ -108,9 +108,9 @@ MUTANTS = [
            (BAD + "[output-inside-base]", BAD + "[output-inside-source]")),
     # ------------------------------------------------------------ read-only inputs
     Mutant("B1", "Base and sources are read-only", "the merged shard written over the base shard",
-           "tasks/merge.py", "        nbytes = storage.write_atomic(table.replace_schema_metadata(meta), "
+           "tasks/merge.py", "        written = storage.write_atomic(table.replace_schema_metadata(meta), "
            "job.output_uri(relpath),",
-           "        nbytes = storage.write_atomic(table.replace_schema_metadata(meta), job.base_uri(relpath),",
+           "        written = storage.write_atomic(table.replace_schema_metadata(meta), job.base_uri(relpath),",
            (BAD + "[non-parquet-objects-ignored]",)),
     # ------------------------------------------------------------ alignment
     Mutant("L1", "Alignment asserted per shard", "key comparison skipped in the merge op",
@@ -133,16 +133,20 @@ MUTANTS = [
     Mutant("L6", "Alignment asserted per shard", "post-write check skips the fingerprint", "tasks/merge.py",
            "            if not prov or not job.pipeline.accepts(prov.get(\"fingerprint\")):",
            "            if False:", (W + "test_post_write_check_fails_an_output_the_writer_got_wrong",)),
-    Mutant("L7", "Alignment asserted per shard", "the chain's verify task does not check", "tasks/prefect_tasks.py",
-           "    return merge.verify_output(job, relpath, stats)", "    return stats",
+    Mutant("L7", "Alignment asserted per shard", "the write step does not check what it stored", "tasks/merge.py",
+           "    return verify_output(job, relpath, stats, written.payload, state.base_keys)", "    return stats",
            (W + "test_a_run_fails_the_shard_whose_output_fails_the_check",)),
-    Mutant("L8", "Alignment asserted per shard", "the fused task does not check", "tasks/prefect_tasks.py",
-           "    return write_unless_cached(job, relpath, state, check=merge.verify_output)",
-           "    return write_unless_cached(job, relpath, state, check=None)",
-           (W + "test_a_run_fails_the_shard_whose_output_fails_the_check",)),
-    Mutant("L9", "Alignment asserted per shard", "a fused retry trusts the output it finds (no check)",
-           "tasks/prefect_tasks.py", "    if check is not None:", "    if check is not None and found is None:",
-           ("tests/test_fused.py::test_fused_retry_runs_the_post_write_check_on_the_output_it_returns",)),
+    Mutant("L8", "Alignment asserted per shard", "the check compares the written keys with the table's own, not the "
+           "base's as read", "tasks/merge.py", "state.base_input, state.base_keys)",
+           "state.base_input, table[job.pipeline.dataset.key_column])",
+           ("tests/test_s3_requests.py::test_the_check_compares_with_the_base_keys_as_read_not_the_tables",)),
+    Mutant("L9", "Alignment asserted per shard", "a retry trusts the output it finds (no check)",
+           "tasks/prefect_tasks.py", "    stats = merge.verify_output(job, relpath, found, base_keys=state.base_keys)",
+           "    stats = found",
+           ("tests/test_fused.py::test_a_retry_runs_the_post_write_check_on_the_output_it_returns",)),
+    Mutant("L10", "Alignment asserted per shard", "an upload S3 stored damaged is taken for the bytes sent",
+           "tasks/storage/s3.py", "    if etag and not encrypted:", "    if False:",
+           ("tests/test_s3_requests.py::test_an_upload_corrupted_on_the_way_is_never_taken_for_written",)),
     # ------------------------------------------------------------ resume
     Mutant("S1", "Resume trusts only current outputs", "the planner trusts a stale output (input key ignored)",
            "tasks/plan.py", '    if prov.get("input_key") != shard_key(prov["fingerprint"], relpath, inputs):',
@@ -165,6 +169,14 @@ MUTANTS = [
            "            pass",
            ("tests/test_identity_pinned.py::test_s3_file_opened_with_a_listed_size_is_pinned_when_its_identity_"
             "is_taken",)),
+    Mutant("I3", "Input identity never newer than the data", "a file opened as listed reads unpinned (any version)",
+           "tasks/storage/s3.py", '        pin(f, {**f.details, "ETag": etag})', '        f.details = {**f.details, "ETag": etag}',
+           ("tests/test_s3_requests.py::test_an_input_replaced_after_the_plan_is_read_again_by_the_retry",)),
+    Mutant("I4", "Input identity never newer than the data", "a retry reads under the plan's listing again (a "
+           "replaced input fails every attempt)", "tasks/prefect_tasks.py",
+           "    return storage.listed(listed or {} if task_run.run_count <= 1 else {})",
+           "    return storage.listed(listed or {})",
+           ("tests/test_s3_requests.py::test_an_input_replaced_after_the_plan_is_read_again_by_the_retry",)),
     # ------------------------------------------------------------ stale never current
     Mutant("V1", "A stale output is never reported or verified as current", "verify's `current inputs` check "
            "does nothing", "tasks/verify/checks.py",
@@ -214,9 +226,9 @@ MUTANTS = [
            ("tests/test_storage_backends.py::test_worker_env_names_are_settings_never_credentials",)),
     # ------------------------------------------------------------ weak tests made strong (issue 18)
     Mutant("T1", "(test) fused: one task run per shard", "a duplicate task run per shard", "flows/merge.py",
-           '            return [self.runner.submit(self.whole, {"job": self.job, "relpath": relpath})]',
-           '            self.runner.submit(self.whole, {"job": self.job, "relpath": relpath}).wait()\n'
-           '            return [self.runner.submit(self.whole, {"job": self.job, "relpath": relpath})]',
+           '            return [self.runner.submit(self.whole, {"job": self.job, "relpath": relpath, "listed": listed})]',
+           '            self.runner.submit(self.whole, {"job": self.job, "relpath": relpath, "listed": listed}).wait()\n'
+           '            return [self.runner.submit(self.whole, {"job": self.job, "relpath": relpath, "listed": listed})]',
            ("tests/test_fused.py::test_fused_run_equals_the_chain_and_records_one_task_per_shard",)),
     Mutant("T2", "(test) the module map names every module", "tasks/merge.py missing from the map "
            "(flows/merge.py still named)", "docs/architecture.md", "| `tasks/merge.py` |", "| `tasks/kernel.py` |",

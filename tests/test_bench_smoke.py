@@ -63,6 +63,11 @@ RATIO_ROWS = {("W1", name) for name in EXPECTED["W1"][1:]} | {
 SIGNED_RATIO_ROWS = {("W8", "(c) - (e): wall minus start-up")}
 
 
+def request_kinds(row: dict) -> dict[str, float]:
+    """{'GET': 6.0, ...} from a W8 requests row's note ("LIST 3, HEAD 0.5, GET 6, PUT 1; 21 in all")."""
+    return {kind: float(n) for kind, n in (part.split() for part in row["note"].split(";")[0].split(", "))}
+
+
 def test_smoke_size_produces_every_row_and_ratio(tmp_path):
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "--size", "smoke", "--out", str(out),
@@ -85,7 +90,7 @@ def test_smoke_size_produces_every_row_and_ratio(tmp_path):
         for n in counts:
             assert rows["W6", f"{mode} @ {n}: wall"]["note"].startswith(f"{n} output shards checked"), (mode, n)
             if mode in W6_PREFECT:
-                recorded = n * (3 if mode == A else 1)
+                recorded = n * (2 if mode == A else 1)  # the chain: two merge steps (the last writes and checks)
                 assert f"{recorded} task runs recorded" in rows["W6", f"{mode} @ {n}: Prefect server CPU"]["note"]
     assert rows["W6", f"{C} @ 20: ms/shard"]["note"].startswith("capped at 20")
     # What is counted (not timed) must hold even at smoke size.
@@ -98,6 +103,13 @@ def test_smoke_size_produces_every_row_and_ratio(tmp_path):
     assert w8[f"{W8_A}: requests per shard"]["value"] == w8[f"{W8_B}: requests per shard"]["value"] > 0
     for name in (W8_A, W8_B, W8_C):
         assert "PUT 1;" in w8[f"{name}: requests per shard"]["note"], w8[f"{name}: requests per shard"]
+    # Issue 19, deliverable 2: per shard no HEAD (the listing's sizes and ETags), the script's GETs (a footer and a
+    # coalesced data range per input; nothing read back after the write), one PUT. The one HEAD of a run is s3fs
+    # probing the output prefix that does not exist yet.
+    script = request_kinds(w8[f"{W8_A}: requests per shard"])
+    merge = request_kinds(w8[f"{W8_C}: requests per shard"])
+    assert merge["GET"] == script["GET"] and merge["PUT"] == 1, (merge, script)
+    assert merge.get("HEAD", 0) * 2 <= 1, merge  # 2 shards at smoke size
     resume = w8[f"{W8_D}: requests per shard"]
     assert "PUT" not in resume["note"] and "GET" in resume["note"], resume
     assert w8["(d) resume: requests per shard beyond the listings"]["value"] > 0

@@ -130,33 +130,38 @@ def fail_check_once(monkeypatch, relpath: str, then_broken: bool = False) -> Cou
     calls fail as a check of a bad output would (permanent). Other shards' checks run unchanged. Call counts."""
     real, calls = merge.verify_output, Counter()
 
-    def check(job, rel, stats):
+    def check(job, rel, stats, *more, **kw):
         calls[rel] += 1
         if rel == relpath and calls[rel] == 1:
             raise ShardError(f"injected: connection reset verifying {rel}", transient=True)
         if rel == relpath and then_broken:
             raise ShardError(f"injected: key column of {rel} differs from the base")
-        return real(job, rel, stats)
+        return real(job, rel, stats, *more, **kw)
 
     monkeypatch.setattr(merge, "verify_output", check)
     return calls
 
 
-def test_fused_retry_runs_the_post_write_check_on_the_output_it_returns(tmp_path, monkeypatch, run):
-    """Issue 18, seen case 8: the retry finds the output written by the first attempt; it must check it again
-    (as the chain's verify task does), not end as Cached on the strength of the footer alone."""
+LAYOUTS = pytest.mark.parametrize("layout", [[], ["--fuse-operations"]], ids=["chain", "fused"])
+
+
+@LAYOUTS
+def test_a_retry_runs_the_post_write_check_on_the_output_it_returns(tmp_path, monkeypatch, run, layout):
+    """Issue 18, seen case 8: the retry finds the output written by the first attempt; it must check it again,
+    not end as Cached on the strength of the footer alone (both task layouts: the write step checks)."""
     setup = build(tmp_path, str(tmp_path / "data") + "/", shards=SHARDS)
     calls = fail_check_once(monkeypatch, REL[0])
-    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--fuse-operations", "--retries", "1")
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, *layout, "--retries", "1")
     assert code == 0, out + err
     assert summary_counts(out) == (4, 4, 0, 0)
     assert calls == Counter({REL[0]: 2, **{rel: 1 for rel in REL[1:]}}), calls
 
 
-def test_fused_retry_whose_check_fails_fails_the_shard(tmp_path, monkeypatch, run):
+@LAYOUTS
+def test_a_retry_whose_check_fails_fails_the_shard(tmp_path, monkeypatch, run, layout):
     setup = build(tmp_path, str(tmp_path / "data") + "/", shards=SHARDS)
     calls = fail_check_once(monkeypatch, REL[0], then_broken=True)
-    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--fuse-operations", "--retries", "1")
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, *layout, "--retries", "1")
     assert code == 1, out + err
     assert summary_counts(out + err) == (4, 3, 0, 1)
     assert f"FAILED {REL[0]}: injected: key column of {REL[0]} differs from the base" in out + err

@@ -1,8 +1,8 @@
 """The W1 contenders: each merges every shard of a case (DQM + AES into the base) into an output folder.
 
 floor    minimal pyarrow: read base, read only the two score columns, append, write (zstd, same row groups)
-kernel   tasks.merge.merge_shard (read, align-check, write atomically, verify_output), shard after shard
-kernel_noverify   the same chain without verify_output (the like-for-like comparison with the floor)
+kernel   tasks.merge.merge_shard (read, align-check, write atomically, the post-write check), shard after shard
+kernel_noverify   the same chain without the post-write check (store_output: the like-for-like comparison with the floor)
 pandas   pd.read_parquet (pyarrow dtypes) + merge on the keys + to_parquet (zstd, same row groups)
 duckdb   COPY (base POSITIONAL JOIN dqm POSITIONAL JOIN aes) TO parquet (zstd, same row groups)
 
@@ -67,14 +67,14 @@ def kernel(case: Case, out: str) -> None:
 
 
 def kernel_noverify(case: Case, out: str) -> None:
-    from tasks.merge import apply_step, read_base, write_output
+    from tasks.merge import apply_step, read_base, store_output
 
     job = _job(case, out)
     for rel in case.relpaths:
         state = read_base(job, rel)
         for index in range(len(job.pipeline.operations)):
             state = apply_step(job, rel, index, state)
-        write_output(job, rel, state)
+        store_output(job, rel, state)
 
 
 def ray_kernel(case: Case, out: str, window: int = 32) -> None:

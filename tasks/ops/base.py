@@ -17,11 +17,12 @@ from typing import Annotated, ClassVar
 import pyarrow as pa
 from pydantic import AfterValidator
 
+from tasks import storage
 from tasks.models import ColumnName
 from tasks.ops.lineage import History, Status, Step
 from tasks.validation import Items, Spec
 
-ABSENT = "absent"    # input identity of an optional operation whose sibling shard does not exist
+ABSENT = storage.ABSENT  # input identity of an optional operation whose sibling shard does not exist (as listed)
 NO_INPUT = "none"    # input identity of an operation that reads no sibling shard
 SKIPPED = Status.SKIPPED  # an optional sibling was missing, the step did nothing
 FAILED = Status.FAILED    # (verify only) what the step would do could not be derived

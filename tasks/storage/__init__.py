@@ -8,7 +8,9 @@ checksum or time its listing gives). Outputs go only to backends that write atom
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
 from urllib.parse import urlparse
@@ -18,16 +20,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.storage import generic
-from tasks.storage.backend import TEMP_MARK, Backend, entry_identity
+from tasks.storage.backend import TEMP_MARK, Backend, Written, entry_identity
 from tasks.storage.local import LocalBackend, local_identity
 from tasks.storage.s3 import MULTIPART_THRESHOLD, PART_SIZE, S3Backend, s3_identity
 from tasks.storage.s3 import _s3 as _s3  # tests and benchmarks clear its cache to switch endpoints
 
-__all__ = ["MULTIPART_THRESHOLD", "PART_SIZE", "TEMP_MARK", "Backend", "Listing", "backend", "check_relpath",
-           "check_writable", "dictionary_columns", "entry_identity", "file_identity", "file_size", "filesystem",
-           "inside", "is_s3", "join", "list_prefix", "local_identity", "missing_root", "normalize_prefix",
-           "open_parquet", "pending_uploads", "read_footer", "s3_identity", "sweep_stale", "worker_env_names",
-           "write_atomic", "write_text"]
+__all__ = ["ABSENT", "MULTIPART_THRESHOLD", "PART_SIZE", "TEMP_MARK", "Backend", "Listing", "Written", "backend",
+           "check_relpath", "check_writable", "dictionary_columns", "entry_identity", "file_identity", "file_size",
+           "filesystem", "inside", "is_s3", "join", "list_prefix", "listed", "local_identity", "missing_root",
+           "normalize_prefix", "open_parquet", "pending_uploads", "read_footer", "s3_identity", "sweep_stale",
+           "worker_env_names", "write_atomic", "write_text"]
 
 ACCEPTED = "s3://bucket/path/, file:///abs/path/, or a local path"
 WRITABLE = "s3://, local paths (file://) and memory://"
@@ -177,10 +179,35 @@ def read_footer(uri: str, size: int | None = None) -> pq.FileMetaData:
         return pq.ParquetFile(f).metadata
 
 
+# uri -> identity from a listing, for the objects the code running in this context is about to read (`listed`).
+ABSENT = "absent"  # listed as not there
+_LISTED: ContextVar[dict[str, str]] = ContextVar("sidecar_ops_listed", default={})
+
+
+@contextmanager
+def listed(identities: dict[str, str]) -> Iterator[None]:
+    """Within it, open_parquet of one of these URIs trusts the identity a listing gave (`uri -> identity`)
+    instead of asking the store again: on S3 no HEAD, reads pinned to the listed ETag (a replace since the
+    listing fails the read, a transient error); one listed as ABSENT is not there (FileNotFoundError, no
+    request), as the listing said. A shard task's first attempt reads under the plan's listing;
+    a retry does not, and sees the objects as they are then."""
+    token = _LISTED.set({**_LISTED.get(), **identities})
+    try:
+        yield
+    finally:
+        _LISTED.reset(token)
+
+
 def open_parquet(uri: str, size: int | None = None):
     """A context-managed file for pyarrow to read from: memory-mapped locally; on S3 without fsspec's
     readahead cache, since pyarrow already asks for exactly the byte ranges (footer, column chunks) it needs.
-    `size` (from a listing) spares the HEAD request s3fs would otherwise make."""
+    `size` (from a listing) spares the HEAD request s3fs would otherwise make; so does an identity from
+    `listed`, which also names the version read."""
+    identity = _LISTED.get().get(uri) if size is None else None
+    if identity == ABSENT:
+        raise FileNotFoundError(f"{uri} (not in the listing)")
+    if identity:
+        return backend(uri).open_listed(uri, identity)
     return backend(uri).open_parquet(uri, size)
 
 
@@ -203,10 +230,12 @@ def dictionary_columns(schema: pa.Schema, plain: Iterable[str]) -> list[str]:
     return out
 
 
-def write_atomic(table: pa.Table, uri: str, row_group_size: int | None = None, plain: Iterable[str] = ()) -> int:
-    """Write `table` as zstd parquet so that readers only ever see the complete file; returns bytes.
-    `plain` names columns (such as unique keys) to keep out of dictionary encoding. ValueError on a backend
-    that cannot write atomically."""
+def write_atomic(table: pa.Table, uri: str, row_group_size: int | None = None,
+                 plain: Iterable[str] = ()) -> Written:
+    """Write `table` as zstd parquet so that readers only ever see the complete file; returns its size and,
+    where the backend proved the stored object is exactly those bytes, the payload (`Written`). `plain` names
+    columns (such as unique keys) to keep out of dictionary encoding. ValueError on a backend that cannot
+    write atomically."""
     store = backend(uri)
     store.check_write_path(uri)
     # An empty input shard reports row groups of 0 rows; pyarrow refuses row_group_size=0.

@@ -7,6 +7,7 @@ backend are normalized (see `tasks.storage.normalize_prefix`) prefixes or prefix
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 import fsspec
@@ -38,6 +39,16 @@ def entry_identity(info: dict) -> str:
             value = value.timestamp()
         parts.append(f"{name}={str(value).strip(chr(34))}")
     return ";".join(parts)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a write stored: its size and, where the backend has proof that the stored object is exactly these
+    bytes (a whole-object put, a checksummed S3 upload), the payload itself; None where the object must be
+    read back to be seen as written (a local file pyarrow wrote straight to disk)."""
+
+    size: int
+    payload: pa.Buffer | None = None
 
 
 def parquet_bytes(table: pa.Table, options: dict) -> pa.Buffer:
@@ -100,6 +111,12 @@ class Backend:
         setattr(f, READ_INFO, info)
         return f
 
+    def open_listed(self, uri: str, identity: str):
+        """open_parquet for an object whose identity a listing just gave (`identity`): a backend where asking
+        the store costs a request uses it instead, reading only that version. By default the same as
+        open_parquet (the identity is taken from the open file as usual)."""
+        return self.open_parquet(uri)
+
     def refusal(self) -> str | None:
         """Why outputs cannot go to this backend, or None when they can."""
         if self.atomic_writes:
@@ -113,11 +130,13 @@ class Backend:
             raise ValueError(f"refusing to write {uri!r}: the path has '.'/'..' segments and could land outside "
                              "the output prefix")
 
-    def write_parquet(self, table: pa.Table, uri: str, options: dict) -> int:
-        """Write `table` so that readers only ever see the complete object; returns its size in bytes."""
+    def write_parquet(self, table: pa.Table, uri: str, options: dict) -> Written:
+        """Write `table` so that readers only ever see the complete object. By default the payload is built in
+        memory and stored whole by `put`, which only returns once the store holds exactly those bytes: the
+        payload is handed back, so a check of what was written needs no read."""
         data = parquet_bytes(table, options)
         self.put(uri, data.to_pybytes())
-        return data.size
+        return Written(data.size, data)
 
     def put(self, uri: str, data: bytes) -> None:
         """Store `data` as the whole object at `uri`, atomically; backends that cannot refuse."""

@@ -16,7 +16,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.storage.backend import TEMP_MARK, Backend
+from tasks.storage.backend import TEMP_MARK, Backend, Written
 
 
 def local_identity(st: os.stat_result) -> str:
@@ -89,9 +89,10 @@ class LocalBackend(Backend):
             raise ValueError(f"refusing to write {uri!r}: the path has '.'/'..' segments and could land outside "
                              "the output prefix")
 
-    def write_parquet(self, table: pa.Table, uri: str, options: dict) -> int:
-        """pyarrow writes straight into the temp file (no in-memory copy), which is fsynced and renamed."""
-        return self._replace(uri, lambda temp: pq.write_table(table, temp, **options))
+    def write_parquet(self, table: pa.Table, uri: str, options: dict) -> Written:
+        """pyarrow writes straight into the temp file (no in-memory copy), which is fsynced and renamed; a check
+        reads the file back (memory-mapped: no copy, no request)."""
+        return Written(self._replace(uri, lambda temp: pq.write_table(table, temp, **options)))
 
     def put(self, uri: str, data: bytes) -> None:
         def write(temp: str) -> None:

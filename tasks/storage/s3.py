@@ -9,14 +9,19 @@ for a read is the version read, and a replace mid-read is a (transient) read err
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
 import os
 import time
+import zlib
 from datetime import datetime
 from functools import cache
 
+import pyarrow as pa
+
 from tasks import compat
-from tasks.storage.backend import Backend
+from tasks.storage.backend import Backend, Written, parquet_bytes
 
 # Payloads of at least MULTIPART_THRESHOLD bytes go up in parts of PART_SIZE (S3's minimum part is 5 MiB).
 MULTIPART_THRESHOLD = int(os.environ.get("SIDECAR_OPS_MULTIPART_THRESHOLD") or 64 * 2**20)
@@ -48,6 +53,40 @@ def s3_identity(info: dict) -> str:
     """Identity of an S3 object from a listing entry or a HEAD reply: size plus ETag."""
     etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
     return f"size={int(info.get('size', 0))};etag={etag}"
+
+
+def parse_identity(identity: str) -> tuple[int, str] | None:
+    """(size, ETag) of an s3_identity string; None for anything else (an absent sibling, another backend's)."""
+    fields = dict(part.partition("=")[::2] for part in identity.split(";"))
+    if set(fields) != {"size", "etag"} or not fields["etag"] or not fields["size"].isdigit():
+        return None
+    return int(fields["size"]), fields["etag"]
+
+
+class UploadCorrupted(ConnectionError):
+    """The store holds other bytes than were sent: damaged on the way, worth another upload (transient)."""
+
+
+def stored_exactly(reply: dict, body: bytes) -> bool:
+    """Whether S3's reply to a PUT of `body` (an object or a part) proves the store holds exactly those bytes.
+    Unencrypted or SSE-S3, the ETag is the MD5 of what the store received: equal to ours proves it, different
+    is a corrupted upload (UploadCorrupted, transient: the retry uploads again). Under SSE-KMS or SSE-C the ETag is no
+    MD5: then the CRC32 we send with every upload, which S3 checks the body against (BadDigest otherwise) and
+    echoes, must be ours; without one the upload is unproven (False) and the caller reads the object back."""
+    md5 = hashlib.md5(body, usedforsecurity=False).hexdigest()
+    etag = str(reply.get("ETag") or "").strip('"')
+    encrypted = str(reply.get("ServerSideEncryption") or "").startswith("aws:kms") or reply.get("SSECustomerAlgorithm")
+    if etag == md5:
+        return True
+    if etag and not encrypted:
+        raise UploadCorrupted(f"S3 stored other bytes than were sent (ETag {etag}, MD5 of the upload {md5})")
+    crc = reply.get("ChecksumCRC32")
+    if not crc:
+        return False
+    ours = base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode()
+    if crc != ours:
+        raise UploadCorrupted(f"S3 stored other bytes than were sent (CRC32 {crc}, sent {ours})")
+    return True
 
 
 class S3Backend(Backend):
@@ -87,6 +126,18 @@ class S3Backend(Backend):
     def size(self, uri: str, opened) -> int:
         return int(opened.size)
 
+    def open_listed(self, uri: str, identity: str):
+        """Opened with the listed size and ETag: no HEAD, and every ranged GET pinned to that ETag (If-Match), so
+        an object replaced since the listing fails the read (412, FileExpired: transient; the retry, which is
+        not given the listing, opens it afresh) instead of mixing versions."""
+        listed = parse_identity(identity)
+        if listed is None:
+            return self.open_parquet(uri)
+        size, etag = listed
+        f = self.open_parquet(uri, size)
+        pin(f, {**f.details, "ETag": etag})
+        return f
+
     def open_parquet(self, uri: str, size: int | None = None):
         """Without fsspec's readahead cache: pyarrow already asks for exactly the byte ranges it needs."""
         fs, path = self.filesystem(uri)
@@ -95,25 +146,43 @@ class S3Backend(Backend):
             f.details = {"name": path, "size": size, "type": "file"}  # fsspec's public setter
         return f
 
+    def write_parquet(self, table: pa.Table, uri: str, options: dict) -> Written:
+        """The payload is built in memory and uploaded; it is handed back when S3's replies prove the object holds
+        exactly those bytes (then a check of what was written reads nothing back)."""
+        data = parquet_bytes(table, options)
+        return Written(data.size, data if self.store(uri, data.to_pybytes()) else None)
+
     def put(self, uri: str, data: bytes) -> None:
-        """One PUT, or a multipart upload completed only at the end and aborted on any failure."""
+        self.store(uri, data)
+
+    def store(self, uri: str, data: bytes) -> bool:
+        """One PUT, or a multipart upload completed only at the end and aborted on any failure; each with a
+        CRC32 that S3 checks the body against. Returns whether the replies prove the object is `data`."""
         fs, path = self.filesystem(uri)
         bucket, key = path.split("/", 1)
         if len(data) < MULTIPART_THRESHOLD:
-            fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data)
-            return
-        upload = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
+            reply = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, ChecksumAlgorithm="CRC32")
+            try:
+                return stored_exactly(reply, data)
+            except UploadCorrupted:  # a store that took damaged bytes without checking: take them away again
+                fs.call_s3("delete_object", Bucket=bucket, Key=key)
+                raise
+        upload = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32")["UploadId"]
         try:
-            parts = []
+            parts, proven = [], True
             for number, start in enumerate(range(0, len(data), PART_SIZE), 1):
+                body = data[start:start + PART_SIZE]
                 out = fs.call_s3("upload_part", Bucket=bucket, Key=key, UploadId=upload, PartNumber=number,
-                                 Body=data[start:start + PART_SIZE])
-                parts.append({"PartNumber": number, "ETag": out["ETag"]})
+                                 Body=body, ChecksumAlgorithm="CRC32")
+                proven = stored_exactly(out, body) and proven
+                checksum = {"ChecksumCRC32": out["ChecksumCRC32"]} if out.get("ChecksumCRC32") else {}
+                parts.append({"PartNumber": number, "ETag": out["ETag"], **checksum})
             fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload,
                        MultipartUpload={"Parts": parts})
         except BaseException:
             abort_upload(fs, bucket, key, upload)
             raise
+        return proven
 
     def pending_uploads(self, prefix: str) -> list[tuple[str, str, str]]:
         fs, root = self.filesystem(prefix)

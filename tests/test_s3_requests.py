@@ -1,0 +1,188 @@
+"""What a merge asks of S3, counted at a proxy in front of moto (issue 19, deliverable 2), and the proofs that
+let it ask less: no HEAD for an input the plan listed (its reads pinned to the listed ETag), no read-back of the
+output (S3's CRC32 of each upload compared with ours, then the footer and keys checked from the bytes sent),
+and the base's keys kept from the read, not read again.
+
+The proxy (tests/faultproxy.py) forwards every request and logs it; `corrupt` changes a byte of a write's body
+on the way, as a faulty path to the store would.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import zlib
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from core_fixtures import build, objects, read_table
+from faultproxy import CORRUPT, FaultProxy
+from reliability_fixtures import allow_small_parts
+from test_flow_local import summary_counts
+
+from tasks import merge, storage
+from tasks.config import load_pipeline
+from tasks.demo import relpaths
+from tasks.errors import ShardError
+from tasks.merge import Job, merge_shard
+from tasks.ops.merge_from_sidecar import MergeFromSidecar
+from tasks.storage import s3 as s3_backend
+
+SHARDS = 3
+REL = relpaths(SHARDS)
+SCORE = "dqm_d1_v6_1"  # a score column of the DQM sidecar
+
+
+@pytest.fixture
+def proxied(moto_endpoint, monkeypatch):
+    """Start a proxy in front of moto and point this process's s3fs at it: `proxied(**FaultProxy kwargs)`."""
+    started = []
+
+    def start(**kw) -> FaultProxy:
+        proxy = FaultProxy(moto_endpoint, **{"rate": 0.0, **kw}).__enter__()
+        started.append(proxy)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        storage._s3.cache_clear()
+        return proxy
+
+    yield start
+    for proxy in started:
+        proxy.__exit__(None, None, None)
+    storage._s3.cache_clear()
+
+
+def per_object(proxy: FaultProxy, prefix: str) -> Counter:
+    """(operation, object kind) -> count, for requests on objects under the bucket of `prefix`."""
+    bucket = prefix[len("s3://"):].split("/")[0]
+    out: Counter = Counter()
+    for op, path, _, _ in proxy.log:
+        parts = path.strip("/").split("/")
+        if parts[0] == bucket and len(parts) > 2 and parts[-1].endswith(".parquet"):
+            out[(op, parts[2] if parts[1] == "in" else parts[1])] += 1
+    return out
+
+
+def test_a_run_reads_each_input_as_listed_and_never_reads_its_output_back(tmp_path, s3_root, proxied, run, cli):
+    """Per shard: no HEAD of any object (the plan's listing gave every input's size and ETag), two GETs per
+    input (footer, then its columns in one coalesced range), one PUT, and nothing of the output read back: the
+    post-write check reads the bytes S3 confirmed it stored. The output still verifies."""
+    setup = build(tmp_path, s3_root, shards=SHARDS)
+    proxy = proxied()
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
+    assert code == 0, out + err
+    assert summary_counts(out) == (SHARDS, SHARDS, 0, 0)
+    counts = per_object(proxy, s3_root)
+    assert not [k for k in counts if k[0] == "HeadObject"], counts
+    assert counts[("PutObject", "out")] == SHARDS
+    assert counts[("GetObject", "out")] == 0, counts
+    for name in ("base", "dqm", "aes"):
+        assert counts[("GetObject", name)] == 2 * SHARDS, (name, counts)
+    # the watermark sidecar lacks one shard (an optional operation): known absent from the listing, not asked
+    assert counts[("GetObject", "watermark")] == 2 * (SHARDS - 1), counts
+    code, out, err = cli("verify", setup.pipeline, "--output-prefix", setup.output)
+    assert code == 0, out + err
+
+
+
+
+def test_an_input_replaced_after_the_plan_is_read_again_by_the_retry(tmp_path, s3_root, proxied, run, monkeypatch):
+    """The first attempt reads as listed, pinned to the listed ETag: an object replaced since the listing
+    fails that read (412), never mixes versions. The retry is not given the listing: it reads the new version
+    and records its identity, so the output is current for the next run (which skips every shard)."""
+    import flows.merge
+
+    setup = build(tmp_path, s3_root, shards=SHARDS)
+    sibling = setup.prefixes["dqm"] + REL[0]
+    real_plan = flows.merge.make_plan
+
+    def plan_then_replace(job, **kw):
+        plan = real_plan(job, **kw)
+        table = read_table(sibling)
+        reordered = table[SCORE].take(list(range(table.num_rows - 1, -1, -1)))  # other values, same keys
+        storage.write_atomic(table.set_column(table.schema.get_field_index(SCORE), SCORE, reordered), sibling)
+        return plan
+
+    monkeypatch.setattr(flows.merge, "make_plan", plan_then_replace)
+    proxy = proxied()
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--retries", "1")
+    assert code == 0, out + err
+    assert summary_counts(out) == (SHARDS, SHARDS, 0, 0)
+    refused = [path for op, path, _, _ in proxy.log if op == "GetObject" and path.endswith("dqm/" + REL[0])]
+    assert refused, "the replaced sibling was never read"
+    assert read_table(setup.output + REL[0])[SCORE].equals(read_table(sibling)[SCORE])  # the new version
+    monkeypatch.setattr(flows.merge, "make_plan", real_plan)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
+    assert code == 0 and summary_counts(out) == (SHARDS, 0, SHARDS, 0), out + err
+
+
+@pytest.mark.parametrize("size", ["one-put", "multipart"])
+def test_an_upload_corrupted_on_the_way_is_never_taken_for_written(tmp_path, s3_root, proxied, monkeypatch, size):
+    """The store holds other bytes than were sent (a byte changed on the way): the CRC32 S3 reports for what
+    it received differs from ours, and the write fails (a transient error: the retry uploads again), for a
+    single PUT and for a part of a multipart upload alike."""
+    if size == "multipart":
+        allow_small_parts(monkeypatch)
+        monkeypatch.setattr(s3_backend, "MULTIPART_THRESHOLD", 16 * 1024)
+        monkeypatch.setattr(s3_backend, "PART_SIZE", 8 * 1024)
+    table = pa.table({"k": [f"key-{i}" for i in range(4000)],  # ~80 KB of parquet: 10 parts of 8 KB
+                      "blob": pa.array([os.urandom(16) for _ in range(4000)], pa.binary())})
+    corrupted = "UploadPart" if size == "multipart" else "PutObject"
+    proxy = proxied(rate=1.0, faults=(CORRUPT,), applies=lambda op: op == corrupted)
+    with pytest.raises(OSError, match="S3 stored other bytes than were sent"):
+        storage.write_atomic(table, s3_root + "out/part-0.parquet")
+    assert proxy.faults_injected(corrupted) == 1  # the first one fails the write
+    assert not objects(s3_root + "out/")  # and nothing is left: no object (a part failed), no pending upload
+    failure = merge._fail("x", "writing", s3_backend.UploadCorrupted("S3 stored other bytes than were sent"))
+    assert failure.transient and "not a readable parquet" not in str(failure)
+
+
+CRC = base64.b64encode(zlib.crc32(b"payload").to_bytes(4, "big")).decode()
+MD5 = hashlib.md5(b"payload").hexdigest()
+OTHER = "4f1b2d8c0a9e6b7d3c5a1f0e2d4b6a8c"
+KMS = {"ServerSideEncryption": "aws:kms"}
+
+
+@pytest.mark.parametrize("reply, proven", [
+    ({"ETag": f'"{MD5}"', "ChecksumCRC32": CRC}, True),
+    ({"ETag": f'"{MD5}"', "ServerSideEncryption": "AES256"}, True),  # SSE-S3: still the MD5
+    ({"ETag": f'"{OTHER}"', "ChecksumCRC32": CRC, **KMS}, True),     # SSE-KMS: the CRC32 S3 checked
+    ({"ETag": f'"{OTHER}"', "SSECustomerAlgorithm": "AES256", "ChecksumCRC32": CRC}, True),
+    ({"ETag": f'"{OTHER}"', **KMS}, False),                          # nothing proves it: read back
+    ({}, False),
+    ({"ETag": f'"{OTHER}"'}, "ETag"),                                # unencrypted, another MD5: corrupted
+    ({"ETag": f'"{OTHER}"', "ChecksumCRC32": "AAAAAA==", **KMS}, "CRC32"),
+], ids=["md5+crc", "sse-s3", "kms+crc", "sse-c+crc", "kms", "nothing", "other-md5", "other-crc"])
+def test_what_an_upload_reply_proves(reply, proven):
+    if isinstance(proven, str):
+        with pytest.raises(OSError, match=f"S3 stored other bytes than were sent \\({proven} "):
+            s3_backend.stored_exactly(reply, b"payload")
+    else:
+        assert s3_backend.stored_exactly(reply, b"payload") is proven
+
+
+def test_an_unproven_upload_is_read_back_by_the_check(tmp_path, s3_root, proxied, monkeypatch):
+    """Where S3's reply proves nothing (SSE-KMS ETags, no checksum), the post-write check reads the output back
+    (footer and key column), as it did before the payload was kept."""
+    setup = build(tmp_path, s3_root, shards=1)
+    monkeypatch.setattr(s3_backend, "stored_exactly", lambda reply, body: False)
+    proxy = proxied()
+    merge_shard(Job(load_pipeline(setup.pipeline), setup.output), REL[0])
+    assert per_object(proxy, s3_root)[("GetObject", "out")] == 2  # footer, key column
+
+
+def test_the_check_compares_with_the_base_keys_as_read_not_the_tables(tmp_path, monkeypatch):
+    """An operation that reorders rows (keys and values together) keeps the table self-consistent; the
+    post-write check still fails it: the written keys are compared with the base's as read_base read them."""
+    setup = build(tmp_path, str(tmp_path / "data") + "/", shards=1)
+    job = Job(load_pipeline(setup.pipeline), setup.output)
+    last, real_apply = job.pipeline.operations[-1], MergeFromSidecar.apply
+
+    def reversed_rows(self, table, *args):  # the last operation only: earlier ones' alignment would see it
+        out, step = real_apply(self, table, *args)
+        return (out.take(list(range(out.num_rows - 1, -1, -1))) if self == last else out), step
+
+    monkeypatch.setattr(MergeFromSidecar, "apply", reversed_rows)
+    with pytest.raises(ShardError, match="verifying .*key column 'image_key' of the output differs from the base"):
+        merge_shard(job, REL[0])
+    assert objects(setup.output) != []  # written, then failed by its check: the run names the shard failed
