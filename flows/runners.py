@@ -99,6 +99,7 @@ class _Upstream:
 # Worker side: per-process caches and the Ray entry point
 # --------------------------------------------------------------------------
 
+WORKER_LOG_INTERVAL = "0.1"  # seconds between a worker's log batches (see make_task_runner)
 _worker_lock = threading.Lock()
 _worker_settings: OrderedDict[str, SettingsContext] = OrderedDict()
 _worker_clients: dict[str, Any] = {}
@@ -342,6 +343,10 @@ def make_task_runner(
     env_vars = dict(runtime_env.get("env_vars") or {})
     if api_url:
         env_vars.setdefault("PREFECT_API_URL", api_url)
+    # Workers send their task runs' logs in batches every PREFECT_LOGGING_TO_API_BATCH_INTERVAL (Prefect: 2 s);
+    # a run whose server stops with its summary would lose the last 2 s of them. Prefect has no cheap flush
+    # (APILogWorker.drain_all stops and restarts the service: ~45 ms a task, measured), so batch more often.
+    env_vars.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", WORKER_LOG_INTERVAL)
     runtime_env["env_vars"] = without_job_env(env_vars)
     kwargs["runtime_env"] = runtime_env
 

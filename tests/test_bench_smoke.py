@@ -23,7 +23,7 @@ EXPECTED = {
            "(b') kernel merge_shard (incl. verify_output)", "(c) full flow, thread runner, warm server",
            "(c') sidecar-ops run, end to end", "(d) pandas merge on keys", "(e) DuckDB POSITIONAL JOIN + COPY"],
     "W2": ["thread runner, full flow", "--use-ray (FastRayTaskRunner), full flow",
-           "plain-Ray floor, same 3 kernel steps"],
+           "plain-Ray floor, same kernel steps"],
     "W3": ["first run (thread runner)", "resume rerun on complete output", "resume: data reads (non-footer)"],
     "W4": ["dry run, 200 shards: driver peak RSS", "merge one shard of 2,000 rows: RSS growth",
            "RSS growth, 8x shard / 1x shard", "driver peak RSS 20 / 5 shards"],
@@ -59,6 +59,12 @@ RATIO_ROWS = {("W1", name) for name in EXPECTED["W1"][1:]} | {
     ("W6", f"{A} @ 60: driver peak RSS"), ("W6", f"{B} @ 60: driver peak RSS"),
     *(("W8", name) for name in (f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: wall", f"{W8_C}: requests per shard",
                                 f"{W8_C}: GET bytes per shard"))}
+W9_A, W9_B = "(a) whole-table script", "(b) one-shard sidecar-ops run"
+W9_ROWS = ("5,000", "10,000", "20,000")  # bench/run.py's smoke w9_rows
+EXPECTED["W9"] = [f"{who} @ {n} rows: peak RSS" for n in W9_ROWS for who in (W9_A, W9_B)] + [
+    f"{who}: peak RSS growth, 10,000 -> 20,000 rows" for who in (W9_A, W9_B)]
+RATIO_ROWS |= {("W9", f"{W9_B} @ {n} rows: peak RSS") for n in W9_ROWS} | {
+    ("W9", f"{who}: peak RSS growth, 10,000 -> 20,000 rows") for who in (W9_A, W9_B)}
 # A difference of two walls: at smoke size (2 shards) it is noise around 0 and may be negative; reported all the same.
 SIGNED_RATIO_ROWS = {("W8", "(c) - (e): wall minus start-up")}
 

@@ -74,7 +74,7 @@ def run(data: Path, size: dict) -> list[Row]:
         Row("W2", ref, m["threads"], samples=samples["threads"], note=f"{n} shards x {TASKS_PER_SHARD} tasks"),
         Row("W2", "--use-ray (FastRayTaskRunner), full flow", m["ray"], samples=samples["ray"], ref=ref,
             goal="<= 1.5", note="includes starting local Ray"),
-        Row("W2", "plain-Ray floor, same 3 kernel steps", m["plain"], samples=samples["plain"], ref=ref,
+        Row("W2", "plain-Ray floor, same kernel steps", m["plain"], samples=samples["plain"], ref=ref,
             note="includes starting local Ray"),
         Row("W2", "plain-Ray floor, tasks only", m["plain_tasks"], samples=samples["plain_tasks"], ref=ref),
         Row("W2", "Ray start + stop (plain floor)", m["plain"] - m["plain_tasks"]),
