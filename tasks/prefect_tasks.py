@@ -75,7 +75,8 @@ def cached_output(job: Job, relpath: str, state: ShardState) -> ShardStats | Non
 def first_attempt_reads(listed: dict[str, str] | None):
     """A shard task's first attempt reads the inputs the plan listed, as listed (no request to ask for their
     size and version again); a retry sees them as they are now (one may have been replaced since)."""
-    return storage.listed(listed or {} if task_run.run_count <= 1 else {})
+    first = task_run.run_count <= 1
+    return storage.listed(listed if first and listed else {})
 
 
 @task(name="merge", task_run_name="merge[{index}] {relpath}", **SHARD_TASK)

@@ -174,7 +174,7 @@ MUTANTS = [
            ("tests/test_s3_requests.py::test_an_input_replaced_after_the_plan_is_read_again_by_the_retry",)),
     Mutant("I4", "Input identity never newer than the data", "a retry reads under the plan's listing again (a "
            "replaced input fails every attempt)", "tasks/prefect_tasks.py",
-           "    return storage.listed(listed or {} if task_run.run_count <= 1 else {})",
+           "    return storage.listed(listed if first and listed else {})",
            "    return storage.listed(listed or {})",
            ("tests/test_s3_requests.py::test_an_input_replaced_after_the_plan_is_read_again_by_the_retry",)),
     # ------------------------------------------------------------ stale never current
