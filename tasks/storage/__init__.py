@@ -179,8 +179,8 @@ def read_footer(uri: str, size: int | None = None) -> pq.FileMetaData:
         return pq.ParquetFile(f).metadata
 
 
-# uri -> identity from a listing, for the objects the code running in this context is about to read (`listed`).
 ABSENT = "absent"  # listed as not there
+# uri -> identity from a listing, for the objects the code running in this context is about to read (`listed`).
 _LISTED: ContextVar[dict[str, str]] = ContextVar("sidecar_ops_listed", default={})
 
 
