@@ -75,6 +75,10 @@ MUTANTS = [
            "tasks/storage/local.py", "    except ProcessLookupError:\n        return True",
            "    except ProcessLookupError:\n        return False",
            (W + "test_sweep_removes_a_dead_writers_temp_file_only",)),
+    Mutant("O4", "No orphaned uploads after failures", "an upload started by a retried request whose reply was lost "
+           "is left", "tasks/storage/s3.py", "            abort_upload(fs, bucket, key, u[\"UploadId\"])",
+           "            pass", ("tests/test_s3_requests.py::"
+                                 "test_an_upload_started_by_a_reply_lost_on_the_way_is_not_left_behind",)),
     # ------------------------------------------------------------ retries
     Mutant("R1", "Retries with backoff on flaky storage", "every error permanent (never retried)", "tasks/merge.py",
            "                      transient=not isinstance(exc, PERMANENT))", "                      transient=False)",

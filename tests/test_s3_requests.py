@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from core_fixtures import build, objects, read_table
 from faultproxy import CORRUPT, FaultProxy
-from reliability_fixtures import allow_small_parts
+from reliability_fixtures import allow_small_parts, pending_uploads
 from test_flow_local import summary_counts
 
 from tasks import merge, storage
@@ -135,6 +135,26 @@ def test_an_upload_corrupted_on_the_way_is_never_taken_for_written(tmp_path, s3_
     assert not objects(s3_root + "out/")  # and nothing is left: no object (a part failed), no pending upload
     failure = merge._fail("x", "writing", s3_backend.UploadCorrupted("S3 stored other bytes than were sent"))
     assert failure.transient and "not a readable parquet" not in str(failure)
+
+
+def test_an_upload_started_by_a_reply_lost_on_the_way_is_not_left_behind(s3_root, proxied, moto_endpoint,
+                                                                        monkeypatch):
+    """S3 starts a multipart upload but the connection drops before its reply: botocore's retry starts a
+    second one, and the first one's id is never heard of. The write completes and no upload is left pending."""
+    allow_small_parts(monkeypatch)
+    monkeypatch.setattr(s3_backend, "MULTIPART_THRESHOLD", 16 * 1024)
+    monkeypatch.setattr(s3_backend, "PART_SIZE", 8 * 1024)
+    table = pa.table({"k": [f"key-{i}" for i in range(4000)],
+                      "blob": pa.array([os.urandom(16) for _ in range(4000)], pa.binary())})
+    first = iter([True])
+    proxy = proxied(rate=1.0, faults=("reset_after",),
+                    applies=lambda op: op == "CreateMultipartUpload" and next(first, False))
+    uri = s3_root + "out/part-0.parquet"
+    storage.write_atomic(table, uri)
+    assert proxy.stats[("reset_after", "CreateMultipartUpload")] == 1
+    assert proxy.stats[("ok", "CreateMultipartUpload")] == 1  # botocore's retry
+    assert pending_uploads(moto_endpoint, s3_root) == []
+    assert read_table(uri).equals(table)
 
 
 CRC = base64.b64encode(zlib.crc32(b"payload").to_bytes(4, "big")).decode()

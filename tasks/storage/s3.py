@@ -167,7 +167,11 @@ class S3Backend(Backend):
             except UploadCorrupted:  # a store that took damaged bytes without checking: take them away again
                 fs.call_s3("delete_object", Bucket=bucket, Key=key)
                 raise
-        upload = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32")["UploadId"]
+        started = time.monotonic()
+        reply = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32")
+        upload = reply["UploadId"]
+        if reply.get("ResponseMetadata", {}).get("RetryAttempts"):
+            abort_unheard_of(fs, bucket, key, upload, time.monotonic() - started)
         try:
             parts, proven = [], True
             for number, start in enumerate(range(0, len(data), PART_SIZE), 1):
@@ -225,6 +229,24 @@ def pin(opened, details: dict) -> None:
     """Make an open s3fs file read only the version `details` (a HEAD reply) describes (s3fs internals:
     tasks/compat.py)."""
     compat.pin_s3_file(opened, details)
+
+
+def abort_unheard_of(fs, bucket: str, key: str, ours: str, call_seconds: float) -> None:
+    """A retried CreateMultipartUpload may have started an upload whose reply was lost: no one knows its id, so
+    nothing would abort it. Abort the uploads of `key` that S3 started while our call was in flight (Initiated
+    within its duration before ours, both S3's clocks); a concurrent writer of the same shard starting in that
+    window loses its upload, and its write fails transiently and is retried."""
+    uploads = [u for u in fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key).get("Uploads", [])
+               if u["Key"] == key]
+    mine = next((u["Initiated"] for u in uploads if u["UploadId"] == ours), None)
+    if mine is None:
+        return
+    window = call_seconds + 1.0  # Initiated has a resolution of a second on some stores
+    for u in uploads:
+        if u["UploadId"] != ours and 0 <= (mine - u["Initiated"]).total_seconds() <= window:
+            log.info("aborting multipart upload %s of s3://%s/%s: started by a retried request", u["UploadId"],
+                     bucket, key)
+            abort_upload(fs, bucket, key, u["UploadId"])
 
 
 def abort_upload(fs, bucket: str, key: str, upload: str) -> None:
