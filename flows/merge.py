@@ -31,6 +31,12 @@ def run_id() -> str:
     return str(flow_run.id or uuid.uuid4())
 
 
+def steps_share_a_process(config: RunConfig) -> bool:
+    """Whether every step of a shard runs in one process (one fused task, or Prefect's thread pool), so its first
+    step can fetch the inputs of the later ones ahead; Ray may run each step on another node."""
+    return config.fuse_operations or not config.runner.use_ray
+
+
 class ShardSteps:
     """The Prefect tasks of one shard, built once per run: a chain of one task per operation, the last one
     writing and checking the output (the default: each step shows in the UI), or one task doing all of them
@@ -108,7 +114,8 @@ def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
     start = time.monotonic()
     started = now_utc()
     job = Job(config.pipeline, config.output_prefix, run_id=run_id(), overwrite=config.overwrite, started=started,
-              overwrite_before=(config.overwrite_before or started) if config.overwrite else "")
+              overwrite_before=(config.overwrite_before or started) if config.overwrite else "",
+              fetch_ahead=steps_share_a_process(config))
     plan = make_plan(job, overwrite=config.overwrite)
     refuse_unmatched(plan)
     if not config.overwrite:

@@ -56,6 +56,8 @@ class Job:
     overwrite: bool = False  # this run replaces existing outputs written before `overwrite_before`
     started: str = ""        # when this run started (UTC ISO, the driver's clock), recorded in provenance
     overwrite_before: str = ""  # with overwrite: this run's start, or the start of the run it continues
+    fetch_ahead: bool = True  # the shard's first step fetches every input at once (its later steps run in the
+                              # same process: one thread pool, or one fused task)
 
     def kept_by_overwrite(self, prov: dict) -> bool:
         """Whether an existing output (its provenance) counts as done in an overwrite run: written by a run
@@ -129,10 +131,30 @@ def _fail(relpath: str, where: str, exc: BaseException) -> ShardError:
                       transient=not isinstance(exc, PERMANENT))
 
 
+def fetch_inputs_ahead(job: Job, relpath: str) -> None:
+    """Start fetching the base and every sibling of the shard at once (storage.fetch_ahead: S3, listed inputs);
+    the steps then read them from memory instead of one after another."""
+    ds = job.pipeline.dataset
+    not_image = lambda column: column != ds.image_column  # noqa: E731
+    storage.fetch_ahead(job.base_uri(relpath), not_image)
+    for source in filter(None, (op.input(ds) for op in job.pipeline.operations)):
+        storage.fetch_ahead(source.uri(relpath), source.columns.__contains__ if source.columns else not_image)
+
+
+def forget_inputs_ahead(job: Job, relpath: str) -> None:
+    """A shard that failed releases the inputs fetched for steps that will not run."""
+    ds = job.pipeline.dataset
+    storage.forget_ahead([job.base_uri(relpath),
+                          *(source.uri(relpath) for source in filter(None, (op.input(ds) for op in
+                                                                            job.pipeline.operations)))])
+
+
 def read_base(job: Job, relpath: str) -> ShardState:
     """The base shard without the image column (a sidecar never carries image bytes)."""
     uri = job.base_uri(relpath)
     image, key = job.pipeline.dataset.image_column, job.pipeline.dataset.key_column
+    if job.fetch_ahead:
+        fetch_inputs_ahead(job, relpath)
     try:
         with storage.open_parquet(uri) as f:
             identity = storage.file_identity(uri, f)
@@ -205,9 +227,13 @@ def store_output(job: Job, relpath: str, state: ShardState) -> tuple[ShardStats,
 def merge_shard(job: Job, relpath: str) -> ShardStats:
     """The whole chain for one shard, in one call (tests and benchmarks use this directly)."""
     start = time.perf_counter()
-    state = read_base(job, relpath)
-    for index in range(len(job.pipeline.operations)):
-        state = apply_step(job, relpath, index, state)
+    try:
+        state = read_base(job, relpath)
+        for index in range(len(job.pipeline.operations)):
+            state = apply_step(job, relpath, index, state)
+    except BaseException:
+        forget_inputs_ahead(job, relpath)
+        raise
     stats = write_output(job, relpath, state)
     return ShardStats(stats.relpath, stats.rows, stats.bytes, stats.skipped_ops, time.perf_counter() - start)
 

@@ -5,6 +5,7 @@ steps of one shard, never cached or persisted by Prefect; the last step writes a
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -79,6 +80,16 @@ def first_attempt_reads(listed: dict[str, str] | None):
     return storage.listed(listed if first and listed else {})
 
 
+@contextmanager
+def forgetting_on_failure(job: Job, relpath: str):
+    """A failed step releases what was fetched ahead for the shard's later steps (they will not run)."""
+    try:
+        yield
+    except BaseException:
+        merge.forget_inputs_ahead(job, relpath)
+        raise
+
+
 @task(name="merge", task_run_name="merge[{index}] {relpath}", **SHARD_TASK)
 def merge_step(job: Job, relpath: str, index: int, state: ShardState | None = None,
                listed: dict[str, str] | None = None) -> ShardState | ShardStats:
@@ -87,7 +98,7 @@ def merge_step(job: Job, relpath: str, index: int, state: ShardState | None = No
     `listed`: the plan's identities of the shard's inputs (Plan.listed)."""
     if isinstance(state, ShardStats):
         return state  # an upstream attempt found the shard already written
-    with first_attempt_reads(listed):
+    with first_attempt_reads(listed), forgetting_on_failure(job, relpath):
         if state is None:
             state = merge.read_base(job, relpath)
         state = merge.apply_step(job, relpath, index, state)
@@ -111,7 +122,7 @@ def write_unless_cached(job: Job, relpath: str, state: ShardState):
 def fused_shard(job: Job, relpath: str, listed: dict[str, str] | None = None) -> ShardStats:
     """Every operation of one shard, the write and its check in one task (`--fuse-operations`): one task
     run per shard instead of one per operation, for runs of very many shards."""
-    with first_attempt_reads(listed):
+    with first_attempt_reads(listed), forgetting_on_failure(job, relpath):
         state = merge.read_base(job, relpath)
         for index in range(len(job.pipeline.operations)):
             state = merge.apply_step(job, relpath, index, state)

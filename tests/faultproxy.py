@@ -59,13 +59,21 @@ class Hold:
         self.arrived = threading.Event()
         self.release = threading.Event()
         self.held: list[tuple[str, str, str]] = []  # (operation, path, client address) of every request held
+        self._changed = threading.Condition()
 
     def __call__(self, op: str, path: str, client: str) -> None:
         if self.release.is_set() or not self.matches(op, path, client):
             return
-        self.held.append((op, path, client))
+        with self._changed:
+            self.held.append((op, path, client))
+            self._changed.notify_all()
         self.arrived.set()
         self.release.wait()
+
+    def wait_held(self, n: int, timeout: float) -> bool:
+        """Whether `n` requests are being held at once within `timeout` seconds (a failure deadline)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self.held) >= n, timeout)
 
 
 WRITES = {"PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload"}

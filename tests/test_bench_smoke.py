@@ -45,7 +45,8 @@ EXPECTED["W7"] = ["(a) floor: plain pyarrow script, start -> exit", "(b) sidecar
 W8_A, W8_B, W8_C = "(a) script, sequential", "(b) script, 8 shards at once", "(c) sidecar-ops run"
 W8_D, W8_E = "(d) resume: sidecar-ops run on the finished output", "(e) one-shard sidecar-ops run"
 EXPECTED["W8"] = [f"{W8_A}: wall", f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: wall", f"{W8_E}: wall (start-up)",
-                  "(c) - (e): wall minus start-up", f"{W8_A}: requests per shard", f"{W8_B}: requests per shard",
+                  "(c) - (e): wall minus start-up", f"{W8_B}: I/O phase", f"{W8_C}: I/O phase",
+                  f"{W8_A}: requests per shard", f"{W8_B}: requests per shard",
                   f"{W8_C}: requests per shard", f"{W8_D}: requests per shard", f"{W8_E}: requests",
                   "(d) resume: requests per shard beyond the listings", f"{W8_A}: GET bytes per shard",
                   f"{W8_C}: GET bytes per shard", f"{W8_D}: GET bytes per shard"]
@@ -57,8 +58,8 @@ RATIO_ROWS = {("W1", name) for name in EXPECTED["W1"][1:]} | {
     ("W6", f"{C} @ 20: wall"),                      # fused Ray / plain-Ray floor
     ("W6", f"{A} @ 60: ms/shard"), ("W6", f"{B} @ 60: ms/shard"), ("W6", f"{E} @ 60: ms/shard"),  # / 20 shards
     ("W6", f"{A} @ 60: driver peak RSS"), ("W6", f"{B} @ 60: driver peak RSS"),
-    *(("W8", name) for name in (f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: wall", f"{W8_C}: requests per shard",
-                                f"{W8_C}: GET bytes per shard"))}
+    *(("W8", name) for name in (f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: wall", f"{W8_C}: I/O phase",
+                                f"{W8_C}: requests per shard", f"{W8_C}: GET bytes per shard"))}
 W9_A, W9_B = "(a) whole-table script", "(b) one-shard sidecar-ops run"
 W9_ROWS = ("5,000", "10,000", "20,000")  # bench/run.py's smoke w9_rows
 EXPECTED["W9"] = [f"{who} @ {n} rows: peak RSS" for n in W9_ROWS for who in (W9_A, W9_B)] + [
@@ -109,12 +110,13 @@ def test_smoke_size_produces_every_row_and_ratio(tmp_path):
     assert w8[f"{W8_A}: requests per shard"]["value"] == w8[f"{W8_B}: requests per shard"]["value"] > 0
     for name in (W8_A, W8_B, W8_C):
         assert "PUT 1;" in w8[f"{name}: requests per shard"]["note"], w8[f"{name}: requests per shard"]
-    # Issue 19, deliverable 2: per shard no HEAD (the listing's sizes and ETags), the script's GETs (a footer and a
-    # coalesced data range per input; nothing read back after the write), one PUT. The one HEAD of a run is s3fs
-    # probing the output prefix that does not exist yet.
+    # Issue 19, deliverables 2 and 3: per shard no HEAD (the listing's sizes and ETags), one GET per input where the
+    # script makes two (a footer, then a coalesced data range): each input, fetched ahead, is smaller than the
+    # first GET's tail (tasks/storage/ahead.py); nothing read back after the write; one PUT. The one HEAD of a run
+    # is s3fs probing the output prefix that does not exist yet.
     script = request_kinds(w8[f"{W8_A}: requests per shard"])
     merge = request_kinds(w8[f"{W8_C}: requests per shard"])
-    assert merge["GET"] == script["GET"] and merge["PUT"] == 1, (merge, script)
+    assert merge["GET"] * 2 == script["GET"] and merge["PUT"] == 1, (merge, script)
     assert merge.get("HEAD", 0) * 2 <= 1, merge  # 2 shards at smoke size
     resume = w8[f"{W8_D}: requests per shard"]
     assert "PUT" not in resume["note"] and "GET" in resume["note"], resume

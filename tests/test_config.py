@@ -128,9 +128,10 @@ def test_guide_pipeline_text_loads_with_completed_dataset(here):
             mode: prefer_sidecar
         """))
     dqm, aes = pipe.operations
-    assert dqm.input(pipe.dataset) == Input("s3://b/example_sidecar_dqm_key_score_v1/", "image_key", "image_key")
+    assert dqm.input(pipe.dataset) == Input("s3://b/example_sidecar_dqm_key_score_v1/", "image_key", "image_key",
+                                            columns=("image_key", "dqm_d1_v6_1"))
     assert aes.input(pipe.dataset) == Input("s3://b/example_sidecar_ernie_image_aes_v1/", "s3_image_path",
-                                            "s3_image_path")
+                                            "s3_image_path", columns=("s3_image_path", "ernie_image_aes"))
     assert dqm.required is True and dqm.mode == "prefer_sidecar"
 
 

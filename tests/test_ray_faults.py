@@ -159,7 +159,8 @@ def test_killed_worker_retries_its_shard_task_and_every_shard_verifies(cluster, 
             time.sleep(0.02)
         (hold / "armed").unlink()
         victim = int((hold / "held").read_text().split()[0])
-        assert [p.pid for p in busy_workers(cluster, "merge")] == [victim], "the held worker runs a merge task"
+        # (other workers may be running other shards' tasks at this moment: --max-inflight 4)
+        assert victim in [p.pid for p in busy_workers(cluster, "merge")], "the held worker runs a merge task"
         os.kill(victim, signal.SIGKILL)
         code, stdout, stderr = finish(proc, out, err)
     finally:

@@ -64,9 +64,10 @@ def per_object(proxy: FaultProxy, prefix: str) -> Counter:
 
 
 def test_a_run_reads_each_input_as_listed_and_never_reads_its_output_back(tmp_path, s3_root, proxied, run, cli):
-    """Per shard: no HEAD of any object (the plan's listing gave every input's size and ETag), two GETs per
-    input (footer, then its columns in one coalesced range), one PUT, and nothing of the output read back: the
-    post-write check reads the bytes S3 confirmed it stored. The output still verifies."""
+    """Per shard: no HEAD of any object (the plan's listing gave every input's size and ETag), one GET per
+    input (each is smaller than ahead.TAIL, so the first GET of its fetch ahead holds all of it), one PUT, and
+    nothing of the output read back: the post-write check reads the bytes S3 confirmed it stored. The output
+    still verifies."""
     setup = build(tmp_path, s3_root, shards=SHARDS)
     proxy = proxied()
     code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
@@ -77,9 +78,9 @@ def test_a_run_reads_each_input_as_listed_and_never_reads_its_output_back(tmp_pa
     assert counts[("PutObject", "out")] == SHARDS
     assert counts[("GetObject", "out")] == 0, counts
     for name in ("base", "dqm", "aes"):
-        assert counts[("GetObject", name)] == 2 * SHARDS, (name, counts)
+        assert counts[("GetObject", name)] == SHARDS, (name, counts)
     # the watermark sidecar lacks one shard (an optional operation): known absent from the listing, not asked
-    assert counts[("GetObject", "watermark")] == 2 * (SHARDS - 1), counts
+    assert counts[("GetObject", "watermark")] == SHARDS - 1, counts
     code, out, err = cli("verify", setup.pipeline, "--output-prefix", setup.output)
     assert code == 0, out + err
 

@@ -100,7 +100,7 @@ def test_worker_env_names_are_settings_never_credentials():
     names = storage.worker_env_names()
     assert set(names) == {"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",
                           "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE", "SIDECAR_OPS_MULTIPART_THRESHOLD",
-                          "SIDECAR_OPS_PART_SIZE"}
+                          "SIDECAR_OPS_PART_SIZE", "SIDECAR_OPS_FETCH_AHEAD_BYTES"}
     assert not [n for n in names if any(s in n for s in ("SECRET", "KEY", "TOKEN", "PROFILE", "PASSWORD"))]
 
 

@@ -9,7 +9,8 @@ Contenders, each a fresh process, in the same run (rounds alternated; walls are 
 (d) a second `sidecar-ops run` on (c)'s finished output: a resume
 (e) a one-shard `sidecar-ops run` (a dataset of one shard of the same size): the start-up
 Requests are counted by the proxy by kind (LIST, HEAD, GET, PUT, multipart steps) with the bytes GETs return.
-Ratios: requests (c)/(a); wall ((c) - (e)) / (b); resume requests per shard beyond the listings.
+Ratios: requests (c)/(a); wall ((c) - (e)) / (b); the I/O phase (first GET to last PUT at the proxy: the shards'
+own time, without a process's start-up and end) (c) / (b); resume requests per shard beyond the listings.
 (d) and (e) also record which code made each request (bench/workloads/s3trace.py): that table goes to
 DATA/w8-requests.md. Outputs are checked (row counts; (a)'s and (c)'s first shard hold the same table).
 """
@@ -55,6 +56,14 @@ def run(data: Path, size: dict) -> list[Row]:
                 os.environ.pop("AWS_ENDPOINT_URL", None)
             else:
                 os.environ["AWS_ENDPOINT_URL"] = old
+
+
+def io_phase(entries: list[dict]) -> float:
+    """Seconds from the first GET to the last PUT arriving at the proxy: the shards' own phase, without a
+    process's start-up or end (the same definition for the script and the run)."""
+    gets = [e["t"] for e in entries if e["kind"] == "GET"]
+    puts = [e["t"] for e in entries if e["kind"] == "PUT"]
+    return max(puts) - min(gets)
 
 
 def per_shard(entries: list[dict], n: int) -> dict:
@@ -130,6 +139,7 @@ class W8:
         if not is_warm(self.home):  # a cold home migrates a new database: not the start-up a user sees daily
             self.cli(small, f"s3://{BUCKET}/w8-out/warm-up/")
         walls: dict[str, list[float]] = {k: [] for k in NAMES}
+        phases: dict[str, list[float]] = {"b": [], "c": []}
         counts: dict[str, dict] = {}
         traces = {"d": self.tmp / "trace-resume.jsonl", "e": self.tmp / "trace-one.jsonl"}
         entries_of: dict[str, list[dict]] = {}
@@ -142,12 +152,14 @@ class W8:
             for name, (fn, *args) in runs.items():
                 wall, entries, _ = self.counted(fn, *args)
                 walls[name].append(wall)
+                if name in phases:
+                    phases[name].append(io_phase(entries))
                 counts[name] = per_shard(entries, 1 if name == "e" else self.n)  # the last round's counts
                 entries_of[name] = entries
         last = self.size["repeats"] - 1
         self.check(f"w8-out/script1-{last}/", f"w8-out/cli-{last}/")
         self.write_requests(counts, entries_of, traces)
-        return self.rows(walls, counts)
+        return self.rows(walls, counts, phases)
 
     def check(self, script_out: str, cli_out: str) -> None:
         """Every output shard is there with its rows; (a)'s first shard holds the same table as (c)'s."""
@@ -168,7 +180,7 @@ class W8:
         assert a.equals(c), f"W8: the script's and sidecar-ops' outputs of {rel} differ:\n{a.schema}\n{c.schema}"
 
     # ------------------------------------------------------------------ results
-    def rows(self, walls: dict, counts: dict) -> list[Row]:
+    def rows(self, walls: dict, counts: dict, phases: dict) -> list[Row]:
         m = {k: median(v) for k, v in walls.items()}
         desc = (f"{self.n} shards x {self.case.rows[0]:,} rows, {self.latency:g} ms per request; start -> exit, "
                 f"median of {self.size['repeats']}")
@@ -184,6 +196,11 @@ class W8:
                 note=f"1 shard x {self.one.rows[0]:,} rows"),
             Row("W8", "(c) - (e): wall minus start-up", median(steady), samples=steady, ref=f"{NAMES['b']}: wall",
                 goal="<= 1.0", note="per round, then the median"),
+            Row("W8", f"{NAMES['b']}: I/O phase", median(phases["b"]), samples=phases["b"],
+                note="first GET -> last PUT at the proxy, median"),
+            Row("W8", f"{NAMES['c']}: I/O phase", median(phases["c"]), samples=phases["c"],
+                ref=f"{NAMES['b']}: I/O phase", goal="<= 1.0",
+                note="the steady state without a process's start-up and end, measured alike for both"),
         ]
         for k in "abcd":
             rows.append(Row("W8", f"{NAMES[k]}: requests per shard", req(k), unit="req",

@@ -82,6 +82,7 @@ class Input:
     source_key: str       # key column in the sibling shard
     required: bool = True
     field: str = "source_prefix"  # the YAML field that names the prefix (for messages)
+    columns: tuple[str, ...] | None = None  # the sibling's columns the operation may read (None: any)
 
     def uri(self, relpath: str) -> str:
         return self.prefix + relpath

@@ -110,8 +110,9 @@ class MergeFromSidecar(Operation):
         return f"{self.type} from {self.source_prefix}"
 
     def input(self, dataset) -> Input:
-        return Input(self.source_prefix, self.target_key_column or dataset.key_column,
-                     self.source_key_column or dataset.key_column, self.required)
+        source_key = self.source_key_column or dataset.key_column
+        return Input(self.source_prefix, self.target_key_column or dataset.key_column, source_key, self.required,
+                     columns=(source_key, *self.columns) if self.columns else None)
 
     def supplies(self, column: str) -> bool:
         return self.columns is None or column in self.columns

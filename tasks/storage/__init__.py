@@ -8,7 +8,7 @@ checksum or time its listing gives). Outputs go only to backends that write atom
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -19,15 +19,15 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.storage import generic
+from tasks.storage import ahead, generic
 from tasks.storage.backend import TEMP_MARK, Backend, Written, entry_identity
 from tasks.storage.local import LocalBackend, local_identity
 from tasks.storage.s3 import MULTIPART_THRESHOLD, PART_SIZE, S3Backend, s3_identity
 from tasks.storage.s3 import _s3 as _s3  # tests and benchmarks clear its cache to switch endpoints
 
 __all__ = ["ABSENT", "MULTIPART_THRESHOLD", "PART_SIZE", "TEMP_MARK", "Backend", "Listing", "Written", "backend",
-           "check_relpath", "check_writable", "dictionary_columns", "entry_identity", "file_identity", "file_size",
-           "filesystem", "inside", "is_s3", "join", "list_prefix", "listed", "local_identity", "missing_root",
+           "check_relpath", "check_writable", "dictionary_columns", "entry_identity", "fetch_ahead", "file_identity",
+           "file_size", "forget_ahead", "filesystem", "inside", "is_s3", "join", "list_prefix", "listed", "local_identity", "missing_root",
            "normalize_prefix", "open_parquet", "pending_uploads", "read_footer", "s3_identity", "sweep_stale",
            "worker_env_names", "write_atomic", "write_text"]
 
@@ -198,6 +198,21 @@ def listed(identities: dict[str, str]) -> Iterator[None]:
         _LISTED.reset(token)
 
 
+def fetch_ahead(uri: str, wanted: Callable[[str], bool]) -> None:
+    """Start fetching an object the code running in this context will read, if `listed` named its version and
+    its backend gains from it (S3: tasks/storage/ahead.py); `wanted(column)` says which top-level columns the
+    read needs. open_parquet of it then reads from what was fetched; nothing changes for a reader otherwise."""
+    identity = _LISTED.get().get(uri)
+    if identity and identity != ABSENT:
+        backend(uri).fetch_ahead(uri, identity, wanted)
+
+
+def forget_ahead(uris: Iterable[str]) -> None:
+    """Release what was fetched ahead of these objects and not read (the shard stopped before reading them)."""
+    for uri in uris:
+        ahead.drop(uri)
+
+
 def open_parquet(uri: str, size: int | None = None):
     """A context-managed file for pyarrow to read from: memory-mapped locally; on S3 without fsspec's
     readahead cache, since pyarrow already asks for exactly the byte ranges (footer, column chunks) it needs.
@@ -207,7 +222,7 @@ def open_parquet(uri: str, size: int | None = None):
     if identity == ABSENT:
         raise FileNotFoundError(f"{uri} (not in the listing)")
     if identity:
-        return backend(uri).open_listed(uri, identity)
+        return ahead.take(uri, identity) or backend(uri).open_listed(uri, identity)
     return backend(uri).open_parquet(uri, size)
 
 

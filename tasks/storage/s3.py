@@ -21,6 +21,7 @@ from functools import cache
 import pyarrow as pa
 
 from tasks import compat
+from tasks.storage import ahead
 from tasks.storage.backend import Backend, Written, parquet_bytes
 
 # Payloads of at least MULTIPART_THRESHOLD bytes go up in parts of PART_SIZE (S3's minimum part is 5 MiB).
@@ -95,7 +96,8 @@ class S3Backend(Backend):
     name = "s3"
     atomic_writes = True
     env_names = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_MAX_ATTEMPTS",
-                 "AWS_RETRY_MODE", "SIDECAR_OPS_MULTIPART_THRESHOLD", "SIDECAR_OPS_PART_SIZE")
+                 "AWS_RETRY_MODE", "SIDECAR_OPS_MULTIPART_THRESHOLD", "SIDECAR_OPS_PART_SIZE",
+                 "SIDECAR_OPS_FETCH_AHEAD_BYTES")
 
     def filesystem(self, uri: str):
         return _s3(), uri[len("s3://"):]
@@ -137,6 +139,20 @@ class S3Backend(Backend):
         f = self.open_parquet(uri, size)
         pin(f, {**f.details, "ETag": etag})
         return f
+
+    def fetch_ahead(self, uri: str, identity: str, wanted) -> None:
+        listed = parse_identity(identity)
+        if listed is None:
+            return
+        size, etag = listed
+
+        def read_range(start: int, end: int) -> bytes:  # one GET, pinned to the listed ETag
+            with self.open_listed(uri, identity) as f:
+                f.seek(start)
+                return f.read(end - start)
+
+        details = {"name": uri[len("s3://"):], "size": size, "type": "file", "ETag": etag}
+        ahead.fetch(uri, identity, size, details, wanted, read_range)
 
     def open_parquet(self, uri: str, size: int | None = None):
         """Without fsspec's readahead cache: pyarrow already asks for exactly the byte ranges it needs."""

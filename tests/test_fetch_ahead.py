@@ -1,0 +1,198 @@
+"""Inputs fetched ahead (issue 19, deliverable 3): a shard's base and siblings are in flight at the same moment,
+a large object comes in as its tail then parallel parts of the wanted columns only, and what is read from
+memory is exactly what a plain read gives. Requests are seen at the proxy in front of moto; overlap is proved
+by holding requests there (never by timing)."""
+from __future__ import annotations
+
+import os
+import threading
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from core_fixtures import build, read_table
+from faultproxy import FaultProxy, Hold
+from test_s3_requests import proxied  # noqa: F401 (fixture)
+
+from tasks import merge, storage
+from tasks.config import load_pipeline
+from tasks.demo import relpaths
+from tasks.merge import Job
+from tasks.errors import ShardError
+from tasks.ops.merge_from_sidecar import MergeFromSidecar
+from tasks.storage import ahead
+
+REL = relpaths(3)
+
+
+def listed_inputs(setup) -> dict[str, str]:
+    """uri -> listed identity of every input object, as a plan's listing gives them."""
+    out = {}
+    for prefix in setup.prefixes.values():
+        listing = storage.list_prefix(prefix)
+        out.update({prefix + rel: ident for rel, ident in listing.ids.items()})
+    return out
+
+
+def merged(job: Job, relpath: str, listed: dict[str, str]) -> merge.ShardStats:
+    with storage.listed(listed):
+        return merge.merge_shard(job, relpath)
+
+
+def test_a_shards_inputs_are_all_in_flight_at_once(tmp_path, s3_root, proxied):  # noqa: F811
+    """The first GET of the base, DQM and AES shards are held at the proxy: all three arrive while none is
+    answered (read one after another, only the base's would). Released, the shard merges as a plain read does."""
+    setup = build(tmp_path, s3_root, shards=3)
+    names = ("base", "dqm", "aes")
+    wanted = {setup.prefixes[name][len("s3://"):] + REL[0] for name in names}
+    hold = Hold(lambda op, path, client: op == "GetObject" and path.split("?")[0].lstrip("/") in wanted)
+    proxied(hold=hold)
+    job = Job(load_pipeline(str(setup.pipeline)), setup.output)
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.update(stats=merged(job, REL[0], listed_inputs(setup))))
+    worker.start()
+    try:
+        assert hold.wait_held(len(names), timeout=60), f"in flight at once: {hold.held}"
+    finally:
+        hold.release.set()
+        worker.join(120)
+    assert result["stats"].rows == read_table(setup.prefixes["base"] + REL[0]).num_rows
+    assert sum(ahead.waiting("s3://" + path) for path in wanted) == 0  # every input fetched was taken
+    plain = Job(load_pipeline(str(setup.pipeline)), setup.root + "plain/", fetch_ahead=False)
+    merge.merge_shard(plain, REL[0])
+    assert read_table(setup.output + REL[0]).equals(read_table(setup.root + "plain/" + REL[0]))
+
+
+def test_a_large_object_comes_as_its_tail_then_parallel_parts_of_the_wanted_columns(tmp_path, s3_root, proxied,  # noqa: F811
+                                                                                    monkeypatch):
+    """Objects above ahead.TAIL: one GET of the tail (footer), then the wanted columns' chunks in parts of at
+    most ahead.PART, never a byte asked twice and nothing outside the wanted columns; the table read from
+    memory equals a plain read."""
+    monkeypatch.setattr(ahead, "TAIL", ahead.FOOTER_READ)
+    monkeypatch.setattr(ahead, "PART", 8 * 1024)
+    monkeypatch.setattr(ahead, "GAP", 0)
+    rows = 20_000
+    table = pa.table({"k": [f"key-{i:06d}" for i in range(rows)],
+                      "image": pa.array([os.urandom(64) for _ in range(rows)], pa.binary()),
+                      "score": pa.array(range(rows), pa.float64())})
+    uri = s3_root + "big/part-0.parquet"
+    storage.write_atomic(table, uri, row_group_size=5_000)
+    size, identity = storage.list_prefix(s3_root + "big/").shards["part-0.parquet"], \
+        storage.list_prefix(s3_root + "big/").ids["part-0.parquet"]
+    assert size > 4 * ahead.PART
+    proxy = proxied()
+    not_image = lambda column: column != "image"  # noqa: E731
+    with storage.listed({uri: identity}):
+        storage.fetch_ahead(uri, not_image)
+        with storage.open_parquet(uri) as f:
+            assert isinstance(f, ahead.Fetched)
+            got = pq.ParquetFile(f).read(columns=["k", "score"])
+            assert storage.file_identity(uri, f) == identity
+    assert got.equals(table.select(["k", "score"]))
+    ranges = [rng for op, path, rng, _ in proxy.log if op == "GetObject"]
+    spans = sorted(tuple(int(x) for x in r.split("=")[1].split("-")) for r in ranges)
+    assert spans[-1][1] == size - 1 and spans[-1][0] == size - ahead.FOOTER_READ  # the tail first...
+    assert len(spans) > 2 and all(end - start + 1 <= ahead.PART for start, end in spans[:-1]), str(spans)  # ...then parts
+    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:])), "a byte asked twice"
+    meta = storage.read_footer(uri)
+    chunks = [meta.row_group(g).column(1) for g in range(meta.num_row_groups)]  # the image column's
+    starts = [min(o for o in (c.dictionary_page_offset, c.data_page_offset) if o) for c in chunks]
+    image = [(start, start + c.total_compressed_size) for start, c in zip(starts, chunks)]
+    fetched = sum(end - start + 1 for start, end in spans)
+    assert fetched < size - sum(e - s for s, e in image[:-1]), "the image column was fetched"
+    for start, end in spans[:-1]:
+        assert not any(s <= start < e for s, e in image), (start, image)
+
+
+def test_what_was_not_fetched_is_read_then_and_a_failed_fetch_reads_as_usual(tmp_path):
+    data = bytes(range(256)) * 4
+    asked = []
+
+    def read_range(start, end):
+        asked.append((start, end))
+        return data[start:end]
+
+    f = ahead.Fetched(len(data), {}, [(0, data[:100]), (100, data[100:200]), (600, data[600:])], read_range)
+    f.seek(50)
+    assert bytes(f.read(120)) == data[50:170] and asked == []  # across two ranges: no request
+    f.seek(650)
+    assert bytes(f.read()) == data[650:] and asked == []
+    f.seek(150)
+    assert bytes(f.read(100)) == data[150:250] and asked == [(150, 250)]  # a hole: read then
+    f.seek(-4, 2)
+    assert f.tell() == len(data) - 4
+
+    def failing(start, end):
+        raise ConnectionError("injected")
+
+    ahead.fetch("s3://x/y.parquet", "size=10;etag=e", 10, {}, lambda c: True, failing)
+    assert ahead.take("s3://x/y.parquet", "size=10;etag=e") is None  # open_parquet then reads as usual
+    assert ahead.waiting() == 0
+
+
+def test_the_byte_budget_drops_the_oldest_and_never_fetches_what_exceeds_it(monkeypatch):
+    monkeypatch.setattr(ahead, "BUDGET", 100)
+    gate = threading.Event()
+
+    def read_range(start, end):
+        gate.wait(30)
+        return b"x" * (end - start)
+
+    ahead.fetch("s3://b/big.parquet", "big", 101, {}, lambda c: True, read_range)
+    assert ahead.waiting() == 0
+    for name in ("a", "b", "c"):
+        ahead.fetch(f"s3://b/{name}.parquet", name, 40, {}, lambda c: True, read_range)
+    assert ahead.waiting() == 2 and ahead.waiting("s3://b/a.parquet") == 0  # a was dropped to make room for c
+    gate.set()
+    assert ahead.take("s3://b/a.parquet", "a") is None
+    assert ahead.take("s3://b/b.parquet", "b").size == 40
+    assert ahead.take("s3://b/c.parquet", "c").size == 40
+    assert ahead.waiting() == 0
+
+
+def test_backends_without_round_trips_fetch_nothing(tmp_path):
+    """Local files are memory-mapped: fetching ahead would only copy them."""
+    path = str(tmp_path / "x.parquet")
+    pq.write_table(pa.table({"k": ["a"]}), path)
+    with storage.listed({path: storage.file_identity(path)}):
+        storage.fetch_ahead(path, lambda c: True)
+    assert ahead.waiting() == 0
+
+
+def test_a_shard_failing_before_its_last_sibling_releases_what_was_fetched_for_it(tmp_path, s3_root, monkeypatch):
+    setup = build(tmp_path, s3_root, shards=3)
+    job = Job(load_pipeline(str(setup.pipeline)), setup.output)
+
+    def refuse(self, table, dataset, relpath, history):
+        raise ShardError("injected: the first operation fails")
+
+    monkeypatch.setattr(MergeFromSidecar, "apply", refuse)
+    with pytest.raises(ShardError, match="injected"):
+        merged(job, REL[0], listed_inputs(setup))
+    later = [setup.prefixes[name] + REL[0] for name in ("dqm", "aes", "watermark")]
+    assert sum(map(ahead.waiting, later)) == 0
+
+
+@pytest.mark.parametrize("use_ray, fused, ahead_", [(False, False, True), (False, True, True), (True, True, True),
+                                                    (True, False, False)])
+def test_only_steps_sharing_a_process_fetch_ahead(use_ray, fused, ahead_):
+    """Ray's chain mode may run a shard's steps on different nodes: a first step fetching its siblings would
+    fetch them for nobody."""
+    from flows.merge import steps_share_a_process
+    from flows.runconfig import RunConfig, RunnerChoice
+
+    config = RunConfig(None, "", "", runner=RunnerChoice(use_ray=use_ray), fuse_operations=fused)
+    assert steps_share_a_process(config) is ahead_
+
+
+@pytest.fixture(autouse=True)
+def nothing_waiting():
+    """Every test starts and ends with nothing fetched ahead (other modules' failed shards may leave some)."""
+    def forget_all():
+        with ahead._lock:
+            uris = {uri for uri, _ in ahead._waiting}
+        storage.forget_ahead(uris)
+
+    forget_all()
+    yield
+    forget_all()
