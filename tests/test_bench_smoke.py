@@ -44,8 +44,10 @@ EXPECTED["W7"] = ["(a) floor: plain pyarrow script, start -> exit", "(b) sidecar
                   "one shard, fresh home: sidecar-ops run start -> exit"]
 W8_A, W8_B, W8_C = "(a) script, sequential", "(b) script, 8 shards at once", "(c) sidecar-ops run"
 W8_D, W8_E = "(d) resume: sidecar-ops run on the finished output", "(e) one-shard sidecar-ops run"
+W8_F = "(f) sidecar-ops run --fuse-operations"
 EXPECTED["W8"] = [f"{W8_A}: wall", f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: wall", f"{W8_E}: wall (start-up)",
-                  "(c) - (e): wall minus start-up", f"{W8_B}: I/O phase", f"{W8_C}: I/O phase",
+                  "(c) - (e): wall minus start-up", f"{W8_B}: I/O phase", f"{W8_C}: I/O phase", f"{W8_F}: wall",
+                  f"{W8_F}: I/O phase",
                   f"{W8_A}: requests per shard", f"{W8_B}: requests per shard",
                   f"{W8_C}: requests per shard", f"{W8_D}: requests per shard", f"{W8_E}: requests",
                   "(d) resume: requests per shard beyond the listings", f"{W8_A}: GET bytes per shard",
@@ -59,6 +61,7 @@ RATIO_ROWS = {("W1", name) for name in EXPECTED["W1"][1:]} | {
     ("W6", f"{A} @ 60: ms/shard"), ("W6", f"{B} @ 60: ms/shard"), ("W6", f"{E} @ 60: ms/shard"),  # / 20 shards
     ("W6", f"{A} @ 60: driver peak RSS"), ("W6", f"{B} @ 60: driver peak RSS"),
     *(("W8", name) for name in (f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: wall", f"{W8_C}: I/O phase",
+                                f"{W8_F}: wall", f"{W8_F}: I/O phase",
                                 f"{W8_C}: requests per shard", f"{W8_C}: GET bytes per shard"))}
 W9_A, W9_B = "(a) whole-table script", "(b) one-shard sidecar-ops run"
 W9_ROWS = ("5,000", "10,000", "20,000")  # bench/run.py's smoke w9_rows

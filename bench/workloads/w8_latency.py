@@ -8,6 +8,7 @@ Contenders, each a fresh process, in the same run (rounds alternated; walls are 
 (c) `sidecar-ops run` with its defaults (its own run-scoped Prefect server, warm PREFECT_HOME)
 (d) a second `sidecar-ops run` on (c)'s finished output: a resume
 (e) a one-shard `sidecar-ops run` (a dataset of one shard of the same size): the start-up
+(f) (c) with `--fuse-operations`: one task run a shard, to tell the orchestrator's share from the storage's
 Requests are counted by the proxy by kind (LIST, HEAD, GET, PUT, multipart steps) with the bytes GETs return.
 Ratios: requests (c)/(a); wall ((c) - (e)) / (b); the I/O phase (first GET to last PUT at the proxy: the shards'
 own time, without a process's start-up and end) (c) / (b); resume requests per shard beyond the listings.
@@ -36,7 +37,8 @@ BUCKET = "bench"
 SCRIPT = REPO / "bench" / "workloads" / "s3_script.py"
 SOURCES = (("dqm", "image_key", "dqm_d1_v6_1"), ("aes", "s3_image_path", "ernie_image_aes"))  # as in bench.yaml
 NAMES = {"a": "(a) script, sequential", "b": "(b) script, 8 shards at once", "c": "(c) sidecar-ops run",
-         "d": "(d) resume: sidecar-ops run on the finished output", "e": "(e) one-shard sidecar-ops run"}
+         "d": "(d) resume: sidecar-ops run on the finished output", "e": "(e) one-shard sidecar-ops run",
+         "f": "(f) sidecar-ops run --fuse-operations"}
 
 
 def run(data: Path, size: dict) -> list[Row]:
@@ -123,12 +125,12 @@ class W8:
         report = json.loads(report_path.read_text())
         return wall, report
 
-    def cli(self, pipeline: str, out: str, trace: Path | None = None) -> tuple[float, dict]:
+    def cli(self, pipeline: str, out: str, trace: Path | None = None, *flags: str) -> tuple[float, dict]:
         env = {"PREFECT_HOME": str(self.home)}
         if trace is not None:
             env["SIDECAR_BENCH_S3_TRACE"] = str(trace)
         self.home.mkdir(parents=True, exist_ok=True)
-        rep = probe("cli", "--", "run", pipeline, "--output-prefix", out, env=env)
+        rep = probe("cli", "--", "run", pipeline, "--output-prefix", out, *flags, env=env)
         assert rep["exit_code"] == 0, f"sidecar-ops run: exit {rep['exit_code']}\n{rep['stderr_tail']}"
         return rep["t_end"] - rep["t_start"], rep
 
@@ -139,7 +141,7 @@ class W8:
         if not is_warm(self.home):  # a cold home migrates a new database: not the start-up a user sees daily
             self.cli(small, f"s3://{BUCKET}/w8-out/warm-up/")
         walls: dict[str, list[float]] = {k: [] for k in NAMES}
-        phases: dict[str, list[float]] = {"b": [], "c": []}
+        phases: dict[str, list[float]] = {"b": [], "c": [], "f": []}
         counts: dict[str, dict] = {}
         traces = {"d": self.tmp / "trace-resume.jsonl", "e": self.tmp / "trace-one.jsonl"}
         entries_of: dict[str, list[dict]] = {}
@@ -148,7 +150,8 @@ class W8:
                     "b": (self.script, f"w8-out/script8-{rep}/", 8),
                     "c": (self.cli, big, f"s3://{BUCKET}/w8-out/cli-{rep}/"),
                     "d": (self.cli, big, f"s3://{BUCKET}/w8-out/cli-{rep}/", traces["d"]),
-                    "e": (self.cli, small, f"s3://{BUCKET}/w8-out/one-{rep}/", traces["e"])}
+                    "e": (self.cli, small, f"s3://{BUCKET}/w8-out/one-{rep}/", traces["e"]),
+                    "f": (self.cli, big, f"s3://{BUCKET}/w8-out/fused-{rep}/", None, "--fuse-operations")}
             for name, (fn, *args) in runs.items():
                 wall, entries, _ = self.counted(fn, *args)
                 walls[name].append(wall)
@@ -158,6 +161,7 @@ class W8:
                 entries_of[name] = entries
         last = self.size["repeats"] - 1
         self.check(f"w8-out/script1-{last}/", f"w8-out/cli-{last}/")
+        self.check(f"w8-out/script1-{last}/", f"w8-out/fused-{last}/")
         self.write_requests(counts, entries_of, traces)
         return self.rows(walls, counts, phases)
 
@@ -201,6 +205,10 @@ class W8:
             Row("W8", f"{NAMES['c']}: I/O phase", median(phases["c"]), samples=phases["c"],
                 ref=f"{NAMES['b']}: I/O phase", goal="<= 1.0",
                 note="the steady state without a process's start-up and end, measured alike for both"),
+            Row("W8", f"{NAMES['f']}: wall", m["f"], samples=walls["f"], ref=f"{NAMES['b']}: wall",
+                note="one task run a shard instead of one per operation"),
+            Row("W8", f"{NAMES['f']}: I/O phase", median(phases["f"]), samples=phases["f"],
+                ref=f"{NAMES['b']}: I/O phase", note=f"{counts['f']['per_shard']:.2f} requests per shard"),
         ]
         for k in "abcd":
             rows.append(Row("W8", f"{NAMES[k]}: requests per shard", req(k), unit="req",
