@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
@@ -131,22 +132,26 @@ def _fail(relpath: str, where: str, exc: BaseException) -> ShardError:
                       transient=not isinstance(exc, PERMANENT))
 
 
+def input_reads(job: Job, relpath: str) -> list[tuple[str, Callable[[str], bool]]]:
+    """(URI, which top-level columns a step reads) of the shard's base and every sibling: the base without the
+    image column, a sibling's key and listed columns (or all but the image column)."""
+    ds = job.pipeline.dataset
+    not_image = lambda column: column != ds.image_column  # noqa: E731
+    sources = [op.input(ds) for op in job.pipeline.operations]
+    return [(job.base_uri(relpath), not_image), *((source.uri(relpath), source.columns.__contains__
+                                                    if source.columns else not_image) for source in sources if source)]
+
+
 def fetch_inputs_ahead(job: Job, relpath: str) -> None:
     """Start fetching the base and every sibling of the shard at once (storage.fetch_ahead: S3, listed inputs);
     the steps then read them from memory instead of one after another."""
-    ds = job.pipeline.dataset
-    not_image = lambda column: column != ds.image_column  # noqa: E731
-    storage.fetch_ahead(job.base_uri(relpath), not_image)
-    for source in filter(None, (op.input(ds) for op in job.pipeline.operations)):
-        storage.fetch_ahead(source.uri(relpath), source.columns.__contains__ if source.columns else not_image)
+    for uri, wanted in input_reads(job, relpath):
+        storage.fetch_ahead(uri, wanted)
 
 
 def forget_inputs_ahead(job: Job, relpath: str) -> None:
     """A shard that failed releases the inputs fetched for steps that will not run."""
-    ds = job.pipeline.dataset
-    storage.forget_ahead([job.base_uri(relpath),
-                          *(source.uri(relpath) for source in filter(None, (op.input(ds) for op in
-                                                                            job.pipeline.operations)))])
+    storage.forget_ahead(uri for uri, _ in input_reads(job, relpath))
 
 
 def read_base(job: Job, relpath: str) -> ShardState:

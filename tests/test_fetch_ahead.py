@@ -63,8 +63,8 @@ def test_a_shards_inputs_are_all_in_flight_at_once(tmp_path, s3_root, proxied): 
     assert read_table(setup.output + REL[0]).equals(read_table(setup.root + "plain/" + REL[0]))
 
 
-def test_a_large_object_comes_as_its_tail_then_parallel_parts_of_the_wanted_columns(tmp_path, s3_root, proxied,  # noqa: F811
-                                                                                    monkeypatch):
+def test_a_large_object_comes_as_its_tail_then_parallel_parts_of_the_wanted_columns(
+        tmp_path, s3_root, proxied, monkeypatch):  # noqa: F811
     """Objects above ahead.TAIL: one GET of the tail (footer), then the wanted columns' chunks in parts of at
     most ahead.PART, never a byte asked twice and nothing outside the wanted columns; the table read from
     memory equals a plain read."""
@@ -92,7 +92,8 @@ def test_a_large_object_comes_as_its_tail_then_parallel_parts_of_the_wanted_colu
     ranges = [rng for op, path, rng, _ in proxy.log if op == "GetObject"]
     spans = sorted(tuple(int(x) for x in r.split("=")[1].split("-")) for r in ranges)
     assert spans[-1][1] == size - 1 and spans[-1][0] == size - ahead.FOOTER_READ  # the tail first...
-    assert len(spans) > 2 and all(end - start + 1 <= ahead.PART for start, end in spans[:-1]), str(spans)  # ...then parts
+    assert len(spans) > 2, spans  # ...then parts
+    assert all(end - start + 1 <= ahead.PART for start, end in spans[:-1]), spans
     assert all(a[1] < b[0] for a, b in zip(spans, spans[1:])), "a byte asked twice"
     meta = storage.read_footer(uri)
     chunks = [meta.row_group(g).column(1) for g in range(meta.num_row_groups)]  # the image column's

@@ -27,9 +27,9 @@ from tasks.storage.s3 import _s3 as _s3  # tests and benchmarks clear its cache 
 
 __all__ = ["ABSENT", "MULTIPART_THRESHOLD", "PART_SIZE", "TEMP_MARK", "Backend", "Listing", "Written", "backend",
            "check_relpath", "check_writable", "dictionary_columns", "entry_identity", "fetch_ahead", "file_identity",
-           "file_size", "forget_ahead", "filesystem", "inside", "is_s3", "join", "list_prefix", "listed", "local_identity", "missing_root",
-           "normalize_prefix", "open_parquet", "pending_uploads", "read_footer", "s3_identity", "sweep_stale",
-           "worker_env_names", "write_atomic", "write_text"]
+           "file_size", "filesystem", "forget_ahead", "inside", "is_s3", "join", "list_prefix", "listed",
+           "local_identity", "missing_root", "normalize_prefix", "open_parquet", "pending_uploads", "read_footer",
+           "s3_identity", "sweep_stale", "worker_env_names", "write_atomic", "write_text"]
 
 ACCEPTED = "s3://bucket/path/, file:///abs/path/, or a local path"
 WRITABLE = "s3://, local paths (file://) and memory://"
