@@ -29,9 +29,16 @@ if os.environ.get("SIDECAR_OPS_TEST_BARRIER") or os.environ.get("SIDECAR_OPS_TES
         while not condition() and (deadline is None or time.monotonic() < deadline):
             time.sleep(0.01)
 
+    def announce(folder: str, what: str) -> None:
+        """`held` appears with its content (written aside, then renamed): a test never reads it empty."""
+        temp = os.path.join(folder, f".held-{os.getpid()}")
+        with open(temp, "w") as f:
+            f.write(what)
+        os.replace(temp, os.path.join(folder, "held"))
+
     def hold(what: str) -> None:
         folder = os.environ["SIDECAR_OPS_TEST_HOLD"]
-        open(os.path.join(folder, "held"), "w").write(what)
+        announce(folder, what)
         wait_for(lambda: os.path.exists(os.path.join(folder, "release")))
 
     def counted(name: str) -> int:
@@ -45,12 +52,11 @@ if os.environ.get("SIDECAR_OPS_TEST_BARRIER") or os.environ.get("SIDECAR_OPS_TES
         folder = os.environ["SIDECAR_OPS_TEST_HOLD"]
         if not os.path.exists(os.path.join(folder, "armed")):
             return False
-        try:
-            fd = os.open(os.path.join(folder, "held"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        try:  # one process wins the claim; it then announces itself
+            os.close(os.open(os.path.join(folder, "claimed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return False
-        os.write(fd, f"{os.getpid()} {relpath}".encode())
-        os.close(fd)
+        announce(folder, f"{os.getpid()} {relpath}")
         return True
 
     def read_base(job, relpath):
