@@ -1,15 +1,18 @@
 """The per-shard merge kernel: pure pyarrow, no Prefect, no Ray.
 
 A shard goes read_base -> apply_step(0) -> apply_step(1) ... -> write_output, which ends with the post-write
-check (verify_output) of what it stored. The state between steps is a `ShardState` (the table, the base's keys
-as read, provenance records); everything else is plain values.
+check (verify_output) of what it stored: the task per operation, a `ShardState` (the table, the base's keys as
+read, provenance records) handed from step to step. A shard in one call (merge_shard, the fused task) streams
+instead: open_shard checks and records every step from footers, stream_output takes a window of rows (the
+base's row group) at a time through every step into the output's writer, then runs the same check.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
@@ -22,7 +25,9 @@ from tasks import storage
 from tasks.config import Pipeline
 from tasks.errors import ShardError
 from tasks.ops import History, Status, provenance_record
+from tasks.ops.base import StepStream
 from tasks.parquet_errors import unreadable_parquet
+from tasks.windows import RowWindows
 
 PROVENANCE_KEY = b"sidecar_ops"
 # Bump whenever the kernel's output for the same inputs and pipeline would change (column order, types, encoding
@@ -123,13 +128,19 @@ class ShardStats:
 PERMANENT = (PermissionError, FileNotFoundError, pa.ArrowException)
 
 
+class Told(ShardError):
+    """A ShardError that already names its shard and where it failed (from _fail): passed on as it is."""
+
+
 def _fail(relpath: str, where: str, exc: BaseException) -> ShardError:
+    if isinstance(exc, Told):
+        return exc
     if isinstance(exc, ShardError):
-        return ShardError(f"shard {relpath}: {where}: {exc}", exc.transient)
+        return Told(f"shard {relpath}: {where}: {exc}", exc.transient)
     if unreadable_parquet(exc):
-        return ShardError(f"shard {relpath}: {where}: not a readable parquet file ({exc})")
-    return ShardError(f"shard {relpath}: {where}: {type(exc).__name__}: {exc}",
-                      transient=not isinstance(exc, PERMANENT))
+        return Told(f"shard {relpath}: {where}: not a readable parquet file ({exc})")
+    return Told(f"shard {relpath}: {where}: {type(exc).__name__}: {exc}",
+                transient=not isinstance(exc, PERMANENT))
 
 
 def input_reads(job: Job, relpath: str) -> list[tuple[str, Callable[[str], bool]]]:
@@ -184,13 +195,12 @@ def apply_step(job: Job, relpath: str, index: int, state: ShardState) -> ShardSt
     return ShardState(table, state.row_group_size, [*state.records, record], state.base_input, state.base_keys)
 
 
-def provenance(job: Job, relpath: str, state: ShardState) -> dict:
+def provenance(job: Job, relpath: str, records: list[dict], inputs: dict, rows: int) -> dict:
     ds = job.pipeline.dataset
-    inputs = state.inputs()
     return {"fingerprint": job.fingerprint, "dataset": ds.name, "main_prefix": ds.main_prefix,
-            "source_inference": ds.source_inference, "operations": state.records,
+            "source_inference": ds.source_inference, "operations": records,
             "inputs": inputs, "input_key": shard_key(job.fingerprint, relpath, inputs),
-            "rows": state.table.num_rows, "merge_semantics": MERGE_SEMANTICS_VERSION, "run_id": job.run_id,
+            "rows": rows, "merge_semantics": MERGE_SEMANTICS_VERSION, "run_id": job.run_id,
             "run_started": job.started,
             "tool": "sidecar-ops", "tool_version": tool_version(),
             "written_at": now_utc()}
@@ -216,12 +226,11 @@ def write_output(job: Job, relpath: str, state: ShardState) -> ShardStats:
 
 def store_output(job: Job, relpath: str, state: ShardState) -> tuple[ShardStats, storage.Written]:
     """Write the shard atomically, with its provenance; no check (write_output checks)."""
-    skipped = sum(r.get("status") == Status.SKIPPED.value for r in state.records)
+    skipped = skipped_steps(state.records)
     table = state.table
     try:
         check_extensions(job, table.schema, allow_missing=skipped > 0)
-        meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"pandas"}
-        meta[PROVENANCE_KEY] = json.dumps(provenance(job, relpath, state), sort_keys=True).encode()
+        meta = output_metadata(table.schema, provenance(job, relpath, state.records, state.inputs(), table.num_rows))
         written = storage.write_atomic(table.replace_schema_metadata(meta), job.output_uri(relpath),
                                        row_group_size=state.row_group_size, plain=job.key_columns)
     except Exception as exc:
@@ -229,18 +238,134 @@ def store_output(job: Job, relpath: str, state: ShardState) -> tuple[ShardStats,
     return ShardStats(relpath, table.num_rows, written.size, skipped), written
 
 
+def skipped_steps(records: list[dict]) -> int:
+    return sum(r.get("status") == Status.SKIPPED.value for r in records)
+
+
+def output_metadata(schema: pa.Schema, prov: dict) -> dict:
+    """The output's schema metadata: the base's (without pandas') and the provenance."""
+    meta = {k: v for k, v in (schema.metadata or {}).items() if k != b"pandas"}
+    meta[PROVENANCE_KEY] = json.dumps(prov, sort_keys=True).encode()
+    return meta
+
+
 def merge_shard(job: Job, relpath: str) -> ShardStats:
-    """The whole chain for one shard, in one call (tests and benchmarks use this directly)."""
+    """The whole chain for one shard in one call, streamed (the fused task, tests and benchmarks)."""
     start = time.perf_counter()
-    try:
-        state = read_base(job, relpath)
-        for index in range(len(job.pipeline.operations)):
-            state = apply_step(job, relpath, index, state)
-    except BaseException:
-        forget_inputs_ahead(job, relpath)
-        raise
-    stats = write_output(job, relpath, state)
+    with opened_shard(job, relpath) as shard:
+        stats = stream_output(job, relpath, shard)
     return ShardStats(stats.relpath, stats.rows, stats.bytes, stats.skipped_ops, time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------- the streaming merge (a shard in one call)
+
+@dataclass
+class OpenShard:
+    """A shard with its base and every step opened (footers read, columns planned, row counts and key types
+    compared), no row decoded yet: stream_output reads, merges and writes it one window of rows at a time."""
+
+    base: RowWindows
+    base_input: str
+    row_group_size: int | None
+    steps: list[StepStream]
+    records: list[dict]
+
+    @property
+    def rows(self) -> int:
+        return self.base.rows
+
+    def inputs(self) -> dict:
+        return shard_inputs(self.base_input, [r.get("input") for r in self.records])
+
+
+@contextmanager
+def opened_shard(job: Job, relpath: str) -> Iterator[OpenShard]:
+    """The shard opened (open_shard); what it opened is closed at the end, and what was fetched ahead for it is
+    released if it fails."""
+    with ExitStack() as stack:
+        try:
+            if job.fetch_ahead:
+                fetch_inputs_ahead(job, relpath)
+            yield open_shard(job, relpath, stack)
+        except BaseException:
+            forget_inputs_ahead(job, relpath)
+            raise
+
+
+def open_shard(job: Job, relpath: str, stack: ExitStack) -> OpenShard:
+    uri = job.base_uri(relpath)
+    image = job.pipeline.dataset.image_column
+    try:
+        f = stack.enter_context(storage.open_parquet(uri))
+        identity = storage.file_identity(uri, f)
+        pf = pq.ParquetFile(f)
+        groups = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+        window = max(groups, default=0)  # the output's row group: a window of rows at a time
+        base = RowWindows(pf, [n for n in pf.schema_arrow.names if n != image], window)
+    except Exception as exc:  # corrupt, vanished or unreadable: say which shard
+        raise _fail(relpath, f"reading base shard {uri}", exc) from exc
+    ops, schema = job.pipeline.operations, base.schema
+    steps: list[StepStream] = []
+    records: list[dict] = []
+    for index, op in enumerate(ops):
+        try:
+            step = op.stream(schema, job.pipeline.dataset, relpath, History.of(ops[:index], records), base.rows,
+                             window)
+        except Exception as exc:
+            raise _fail(relpath, f"operations[{index}] ({op.describe()})", exc) from exc
+        stack.callback(step.close)
+        steps.append(step)
+        records.append(provenance_record(op, step.step))
+        schema = step.schema
+    return OpenShard(base, identity, window or None, steps, records)
+
+
+def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
+    """Read, merge and write the shard a window (the output's row group) at a time, then check what was stored
+    (verify_output) against the base's keys as read. The output is published only once every window has
+    passed every step; after a failed window the rest are still read, so the error counts every bad row."""
+    uri, key = job.output_uri(relpath), job.pipeline.dataset.key_column
+    skipped = skipped_steps(shard.records)
+    base_keys: list[pa.Array] = []
+    size = shard.row_group_size or shard.rows
+
+    def windows() -> Iterator[pa.Table]:
+        meta = None
+        for offset in range(0, shard.rows, size) if shard.rows else [0]:
+            try:
+                window = shard.base.take(size)
+            except Exception as exc:
+                raise _fail(relpath, f"reading base shard {job.base_uri(relpath)}", exc) from exc
+            read = window
+            for index, step in enumerate(shard.steps):
+                window = _step(job, relpath, index, lambda: step.apply(window, offset))
+            if key in read.column_names:
+                base_keys.extend(read[key].chunks)
+            if any(step.failed for step in shard.steps):
+                continue
+            if meta is None:
+                check_extensions(job, window.schema, allow_missing=skipped > 0)
+                meta = output_metadata(window.schema, provenance(job, relpath, shard.records, shard.inputs(),
+                                                                 shard.rows))
+            yield window.replace_schema_metadata(meta)
+        for index, step in enumerate(shard.steps):
+            _step(job, relpath, index, step.finish)
+
+    try:
+        written = storage.write_windows(windows(), uri, shard.row_group_size, job.key_columns)
+    except Exception as exc:
+        raise _fail(relpath, f"writing {uri}", exc) from exc
+    keys = pa.chunked_array(base_keys, shard.base.schema.field(key).type) if key in shard.base.schema.names else None
+    stats = ShardStats(relpath, shard.rows, written.size, skipped)
+    return verify_output(job, relpath, stats, written.payload, keys)
+
+
+def _step(job: Job, relpath: str, index: int, call):
+    try:
+        return call()
+    except Exception as exc:
+        op = job.pipeline.operations[index]
+        raise _fail(relpath, f"operations[{index}] ({op.describe()})", exc) from exc
 
 
 def read_provenance(metadata: pq.FileMetaData) -> dict | None:
@@ -251,6 +376,18 @@ def read_provenance(metadata: pq.FileMetaData) -> dict | None:
         return json.loads(raw)
     except ValueError:
         return None
+
+
+def same_keys(base: pa.ChunkedArray, written: Iterator[pa.Array]) -> bool:
+    """Whether the written keys, read a batch at a time, equal the base's (as many, equal where both are set)."""
+    offset = 0
+    for batch in written:
+        if offset + len(batch) > len(base):
+            return False
+        if not pc.all(pc.equal(base.slice(offset, len(batch)), batch), min_count=0).as_py():
+            return False
+        offset += len(batch)
+    return offset == len(base)
 
 
 def verify_output(job: Job, relpath: str, stats: ShardStats, payload: pa.Buffer | None = None,
@@ -271,14 +408,13 @@ def verify_output(job: Job, relpath: str, stats: ShardStats, payload: pa.Buffer 
             if pf.metadata.num_rows != stats.rows:
                 raise ShardError(f"output has {pf.metadata.num_rows} rows, expected {stats.rows}")
             check_extensions(job, pf.schema_arrow, allow_missing=stats.skipped_ops > 0)
-            written = pf.read(columns=[key])[key]
-        if base_keys is not None:
-            base = base_keys
-        else:
-            with storage.open_parquet(job.base_uri(relpath)) as f:
-                base = pq.ParquetFile(f).read(columns=[key])[key]
-        if len(base) != len(written) or not pc.all(pc.equal(base, written), min_count=0).as_py():
-            raise ShardError(f"key column {key!r} of the output differs from the base")
+            if base_keys is not None:
+                base = base_keys
+            else:
+                with storage.open_parquet(job.base_uri(relpath)) as b:
+                    base = pq.ParquetFile(b).read(columns=[key])[key]
+            if not same_keys(base, (batch.column(0) for batch in pf.iter_batches(columns=[key]))):
+                raise ShardError(f"key column {key!r} of the output differs from the base")
     except Exception as exc:
         raise _fail(relpath, f"verifying {uri}", exc) from exc
     return stats

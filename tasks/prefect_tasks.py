@@ -51,8 +51,8 @@ SHARD_TASK = dict(persist_result=False, cache_policy=NO_CACHE, retries=1, retry_
                   retry_condition_fn=worth_retrying, log_prints=False)
 
 
-def cached_output(job: Job, relpath: str, state: ShardState) -> ShardStats | None:
-    """On a retry, stats of the existing output when it is exactly what this state would write (same
+def cached_output(job: Job, relpath: str, inputs: dict, rows: int) -> ShardStats | None:
+    """On a retry, stats of the existing output when it is exactly what these inputs would make (same
     fingerprint, row count and input key), else None. In an --overwrite run only an output written since it
     started counts (or since the start of the interrupted overwrite it continues: --overwrite-before). A first attempt does not look (the plan just found no current output): no extra request per shard."""
     if task_run.run_count <= 1:
@@ -65,9 +65,9 @@ def cached_output(job: Job, relpath: str, state: ShardState) -> ShardStats | Non
     except Exception:
         return None  # absent or unreadable: write it
     prov = merge.read_provenance(meta) or {}
-    if judge_output(job, relpath, meta, state.inputs())[0] != "complete":  # its fingerprint and input key
+    if judge_output(job, relpath, meta, inputs)[0] != "complete":  # its fingerprint and input key
         return None
-    if meta.num_rows != state.table.num_rows or (job.overwrite and not job.kept_by_overwrite(prov)):
+    if meta.num_rows != rows or (job.overwrite and not job.kept_by_overwrite(prov)):
         return None
     skipped = sum(r.get("status") == Status.SKIPPED.value for r in prov.get("operations") or [])
     return ShardStats(relpath, rows=meta.num_rows, bytes=size, skipped_ops=skipped)
@@ -111,19 +111,24 @@ def write_unless_cached(job: Job, relpath: str, state: ShardState):
     """The written and checked output's stats, or a Completed state named Cached when a retry finds it already
     written. The post-write check (merge.verify_output) runs on the output returned: a fresh write checks what
     it stored, a found output is read back and checked (an earlier attempt's check may have failed on it)."""
-    found = cached_output(job, relpath, state)
+    found = cached_output(job, relpath, state.inputs(), state.table.num_rows)
     if found is None:
         return merge.write_output(job, relpath, state)
-    stats = merge.verify_output(job, relpath, found, base_keys=state.base_keys)
+    return checked_cached(job, relpath, found, state.base_keys)
+
+
+def checked_cached(job: Job, relpath: str, found: ShardStats, base_keys=None) -> Completed:
+    stats = merge.verify_output(job, relpath, found, base_keys=base_keys)
     return Completed(name="Cached", message="output shard already made from these inputs", data=stats)
 
 
 @task(name="merge-shard", task_run_name="merge {relpath}", **SHARD_TASK)
 def fused_shard(job: Job, relpath: str, listed: dict[str, str] | None = None) -> ShardStats:
     """Every operation of one shard, the write and its check in one task (`--fuse-operations`): one task
-    run per shard instead of one per operation, for runs of very many shards."""
-    with first_attempt_reads(listed), forgetting_on_failure(job, relpath):
-        state = merge.read_base(job, relpath)
-        for index in range(len(job.pipeline.operations)):
-            state = merge.apply_step(job, relpath, index, state)
-    return write_unless_cached(job, relpath, state)
+    run per shard instead of one per operation, for runs of very many shards. The shard streams
+    (merge.stream_output): its memory is bounded by a row group, not by the shard."""
+    with first_attempt_reads(listed), merge.opened_shard(job, relpath) as shard:
+        found = cached_output(job, relpath, shard.inputs(), shard.rows)
+        if found is not None:
+            return checked_cached(job, relpath, found)
+        return merge.stream_output(job, relpath, shard)

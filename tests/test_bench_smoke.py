@@ -63,12 +63,13 @@ RATIO_ROWS = {("W1", name) for name in EXPECTED["W1"][1:]} | {
     *(("W8", name) for name in (f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: wall", f"{W8_C}: I/O phase",
                                 f"{W8_F}: wall", f"{W8_F}: I/O phase",
                                 f"{W8_C}: requests per shard", f"{W8_C}: GET bytes per shard"))}
-W9_A, W9_B = "(a) whole-table script", "(b) one-shard sidecar-ops run"
+W9_A, W9_B, W9_C = ("(a) whole-table script", "(b) one-shard sidecar-ops run --fuse-operations",
+                    "(c) one-shard sidecar-ops run, task per operation")
 W9_ROWS = ("5,000", "10,000", "20,000")  # bench/run.py's smoke w9_rows
-EXPECTED["W9"] = [f"{who} @ {n} rows: peak RSS" for n in W9_ROWS for who in (W9_A, W9_B)] + [
-    f"{who}: peak RSS growth, 10,000 -> 20,000 rows" for who in (W9_A, W9_B)]
-RATIO_ROWS |= {("W9", f"{W9_B} @ {n} rows: peak RSS") for n in W9_ROWS} | {
-    ("W9", f"{who}: peak RSS growth, 10,000 -> 20,000 rows") for who in (W9_A, W9_B)}
+EXPECTED["W9"] = [f"{who} @ {n} rows: peak RSS" for n in W9_ROWS for who in (W9_A, W9_B, W9_C)] + [
+    f"{who}: peak RSS growth, 10,000 -> 20,000 rows" for who in (W9_A, W9_B, W9_C)]
+RATIO_ROWS |= {("W9", f"{who} @ {n} rows: peak RSS") for n in W9_ROWS for who in (W9_B, W9_C)} | {
+    ("W9", f"{who}: peak RSS growth, 10,000 -> 20,000 rows") for who in (W9_A, W9_B, W9_C)}
 # A difference of two walls: at smoke size (2 shards) it is noise around 0 and may be negative; reported all the same.
 SIGNED_RATIO_ROWS = {("W8", "(c) - (e): wall minus start-up")}
 

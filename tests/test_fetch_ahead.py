@@ -164,10 +164,10 @@ def test_a_shard_failing_before_its_last_sibling_releases_what_was_fetched_for_i
     setup = build(tmp_path, s3_root, shards=3)
     job = Job(load_pipeline(str(setup.pipeline)), setup.output)
 
-    def refuse(self, table, dataset, relpath, history):
+    def refuse(self, *args, **kwargs):
         raise ShardError("injected: the first operation fails")
 
-    monkeypatch.setattr(MergeFromSidecar, "apply", refuse)
+    monkeypatch.setattr(MergeFromSidecar, "stream", refuse)
     with pytest.raises(ShardError, match="injected"):
         merged(job, REL[0], listed_inputs(setup))
     later = [setup.prefixes[name] + REL[0] for name in ("dqm", "aes", "watermark")]

@@ -56,7 +56,7 @@ def assert_current(job: Job, monkeypatch) -> None:
         state = merge.read_base(job, rel)
         for i in range(len(job.pipeline.operations)):
             state = merge.apply_step(job, rel, i, state)
-        assert prefect_tasks.cached_output(job, rel, state) is not None, rel
+        assert prefect_tasks.cached_output(job, rel, state.inputs(), state.table.num_rows) is not None, rel
     for rel in REL:
         merge.verify_output(job, rel, ShardStats(rel, rows=read_meta(job.output_uri(rel)).num_rows, bytes=0,
                                                  skipped_ops=int(rel == REL[-1])))

@@ -17,7 +17,8 @@ from tasks import storage
 from tasks.config import Dataset, Pipeline
 from tasks.errors import ShardError
 from tasks.merge import Job, merge_shard
-from tasks.ops.merge_from_sidecar import MergeFromSidecar, check_aligned
+from tasks.ops.alignment import check_aligned
+from tasks.ops.merge_from_sidecar import MergeFromSidecar
 
 VALUE_TYPES = {"int32": pa.int32(), "float64": pa.float64(), "string": pa.string(),
                "struct": pa.struct([("raw_score", pa.float32()), ("error", pa.string())])}

@@ -25,7 +25,7 @@ from tasks import merge, storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.errors import ShardError
-from tasks.merge import Job, merge_shard
+from tasks.merge import Job, apply_step, merge_shard, read_base, write_output
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
 from tasks.storage import s3 as s3_backend
 
@@ -192,18 +192,30 @@ def test_an_unproven_upload_is_read_back_by_the_check(tmp_path, s3_root, proxied
     assert per_object(proxy, s3_root)[("GetObject", "out")] == 2  # footer, key column
 
 
-def test_the_check_compares_with_the_base_keys_as_read_not_the_tables(tmp_path, monkeypatch):
+@pytest.mark.parametrize("layout", ["streamed", "chain"])
+def test_the_check_compares_with_the_base_keys_as_read_not_the_tables(tmp_path, monkeypatch, layout):
     """An operation that reorders rows (keys and values together) keeps the table self-consistent; the
-    post-write check still fails it: the written keys are compared with the base's as read_base read them."""
+    post-write check still fails it: the written keys are compared with the base's as read. Streamed (one
+    call, merge_shard) and chained (read_base, apply_step, write_output: the task per operation)."""
     setup = build(tmp_path, str(tmp_path / "data") + "/", shards=1)
     job = Job(load_pipeline(setup.pipeline), setup.output)
-    last, real_apply = job.pipeline.operations[-1], MergeFromSidecar.apply
+    last = len(job.pipeline.operations) - 1
+    real_stream = MergeFromSidecar.stream
 
-    def reversed_rows(self, table, *args):  # the last operation only: earlier ones' alignment would see it
-        out, step = real_apply(self, table, *args)
-        return (out.take(list(range(out.num_rows - 1, -1, -1))) if self == last else out), step
+    def reversed_rows(self, *args, **kwargs):  # the last operation only: earlier ones' alignment would see it
+        stream = real_stream(self, *args, **kwargs)
+        if self == job.pipeline.operations[last]:
+            apply = stream.apply
+            stream.apply = lambda window, offset: apply(window, offset).take(list(range(window.num_rows - 1, -1, -1)))
+        return stream
 
-    monkeypatch.setattr(MergeFromSidecar, "apply", reversed_rows)
+    monkeypatch.setattr(MergeFromSidecar, "stream", reversed_rows)
     with pytest.raises(ShardError, match="verifying .*key column 'image_key' of the output differs from the base"):
-        merge_shard(job, REL[0])
+        if layout == "streamed":
+            merge_shard(job, REL[0])
+        else:
+            state = read_base(job, REL[0])
+            for index in range(last + 1):
+                state = apply_step(job, REL[0], index, state)
+            write_output(job, REL[0], state)
     assert objects(setup.output) != []  # written, then failed by its check: the run names the shard failed

@@ -57,18 +57,21 @@ def test_a_write_failing_half_way_never_shows_at_the_final_name(tmp_path, monkey
     if earlier:
         merge_shard(job, REL[0])
     before = open(final, "rb").read() if earlier else None
-    real_write, seen = pq.write_table, []
+    real_write, seen = local_backend.LocalBackend.write_parquet, []
 
-    def half_then_disk_full(table, where, **options):
-        sink = pa.BufferOutputStream()
-        real_write(table, sink, **options)
-        data = sink.getvalue().to_pybytes()
-        with open(where, "wb") as f:
-            f.write(data[: len(data) // 2])
-        seen.append(file_state(final))  # a reader, mid-write
-        raise OSError(28, "No space left on device (injected)")
+    def half_then_disk_full(self, write, uri, keep=True):
+        def half(where):
+            sink = pa.BufferOutputStream()
+            write(sink)
+            data = sink.getvalue().to_pybytes()
+            with open(where, "wb") as f:
+                f.write(data[: len(data) // 2])
+            seen.append(file_state(final))  # a reader, mid-write
+            raise OSError(28, "No space left on device (injected)")
 
-    monkeypatch.setattr(local_backend.pq, "write_table", half_then_disk_full)
+        return real_write(self, half, uri, keep)
+
+    monkeypatch.setattr(local_backend.LocalBackend, "write_parquet", half_then_disk_full)
     with pytest.raises(ShardError, match=f"shard {REL[0]}: writing {final}: .*No space left"):
         merge_shard(job, REL[0])
     want = "whole:40" if earlier else "absent"
@@ -187,13 +190,15 @@ FAULTY = {"row-lost": (lose_last_row, "output has 39 rows, expected 40"),
 
 
 def faulty_writer(monkeypatch, damage, only: str | None = None):
-    """storage.write_atomic writes `damage(table)` (for the shard `only`, or every shard) and reports success."""
-    real = storage.write_atomic
+    """storage.write_windows (behind write_atomic too) writes `damage(table)` of all its windows (for the shard
+    `only`, or every shard) and reports success."""
+    real = storage.write_windows
 
-    def write(table, uri, *args, **kw):
-        return real(damage(table) if only is None or uri.endswith(only) else table, uri, *args, **kw)
+    def write(windows, uri, *args, **kw):
+        table = pa.concat_tables(list(windows))
+        return real([damage(table) if only is None or uri.endswith(only) else table], uri, *args, **kw)
 
-    monkeypatch.setattr(storage, "write_atomic", write)
+    monkeypatch.setattr(storage, "write_windows", write)
 
 
 @pytest.mark.parametrize("fault", FAULTY)
@@ -230,22 +235,25 @@ def test_two_interleaved_writers_of_one_shard_leave_one_whole_file(tmp_path, mon
     final file is one writer's, whole (here A's, the last rename), and no temp file is left."""
     uri = str(tmp_path / "out" / "shard.parquet")
     a, b = pa.table({"k": [f"a{i}" for i in range(500)]}), pa.table({"k": [f"b{i}" for i in range(700)]})
-    real_write, nested = pq.write_table, []
+    real_write, nested = local_backend.LocalBackend.write_parquet, []
 
-    def interleaved(table, where, **options):
-        sink = pa.BufferOutputStream()
-        real_write(table, sink, **options)
-        data = sink.getvalue().to_pybytes()
-        with open(where, "wb") as f:
-            f.write(data[: len(data) // 2])
-            f.flush()
-            if not nested:  # A, half-way: B writes the whole shard now
-                nested.append("B")
-                storage.write_atomic(b, uri)
-                nested.append(file_state(uri))
-            f.write(data[len(data) // 2:])
+    def interleaved(self, write, where, keep=True):
+        def in_halves(temp):
+            sink = pa.BufferOutputStream()
+            write(sink)
+            data = sink.getvalue().to_pybytes()
+            with open(temp, "wb") as f:
+                f.write(data[: len(data) // 2])
+                f.flush()
+                if not nested:  # A, half-way: B writes the whole shard now
+                    nested.append("B")
+                    storage.write_atomic(b, uri)
+                    nested.append(file_state(uri))
+                f.write(data[len(data) // 2:])
 
-    monkeypatch.setattr(local_backend.pq, "write_table", interleaved)
+        return real_write(self, in_halves, where, keep)
+
+    monkeypatch.setattr(local_backend.LocalBackend, "write_parquet", interleaved)
     storage.write_atomic(a, uri)
     monkeypatch.undo()
     assert nested == ["B", "whole:700"], nested

@@ -61,18 +61,44 @@ def comparable(left: pa.ChunkedArray, right: pa.ChunkedArray, target_key: str,
     return _widen(left, family, unsigned), _widen(right, family, unsigned)
 
 
+def check_row_counts(rows: int, source_rows: int) -> None:
+    if rows != source_rows:
+        raise ShardError(f"row count mismatch: table has {rows} rows, source shard has {source_rows}")
+
+
+class Alignment:
+    """Key equality of a table and its sibling seen in consecutive windows of rows (one window: the whole
+    table): `check` each window, then `finish`, which raises a ShardError counting every mismatched row and
+    naming the first. Row counts are compared up front (check_row_counts), from footers."""
+
+    def __init__(self, target_key: str, source_key: str, rows: int):
+        self.target_key, self.source_key, self.rows = target_key, source_key, rows
+        self.count, self.first = 0, ""
+
+    def check(self, table: pa.Table, source: pa.Table, offset: int) -> None:
+        left, right = comparable(table[self.target_key], source[self.source_key], self.target_key, self.source_key)
+        if left.null_count == 0 and right.null_count == 0 and left.equals(right):
+            return  # the common case, ~40x cheaper than the element-wise compare below (no nulls: equals == aligned)
+        bad = pc.invert(pc.fill_null(pc.equal(left, right), False))
+        count = pc.sum(bad).as_py() or 0
+        if count and not self.count:
+            row = pc.index(bad, True).as_py()
+            self.first = (f"first at row {offset + row}: {self.target_key}={table[self.target_key][row].as_py()!r} "
+                          f"vs source {self.source_key}={source[self.source_key][row].as_py()!r}")
+        self.count += count
+
+    @property
+    def failed(self) -> bool:
+        return self.count > 0
+
+    def finish(self) -> None:
+        if self.failed:
+            raise ShardError(f"key mismatch in {self.count} of {self.rows} rows; {self.first}")
+
+
 def check_aligned(table: pa.Table, target_key: str, source: pa.Table, source_key: str) -> None:
     """Row counts equal and keys equal element by element; raises ShardError naming the first bad row."""
-    if table.num_rows != source.num_rows:
-        raise ShardError(f"row count mismatch: table has {table.num_rows} rows, source shard has "
-                         f"{source.num_rows}")
-    left, right = comparable(table[target_key], source[source_key], target_key, source_key)
-    if left.null_count == 0 and right.null_count == 0 and left.equals(right):
-        return  # the common case, ~40x cheaper than the element-wise compare below (no nulls: equals == aligned)
-    bad = pc.invert(pc.fill_null(pc.equal(left, right), False))
-    count = pc.sum(bad).as_py() or 0
-    if count:
-        row = pc.index(bad, True).as_py()
-        raise ShardError(f"key mismatch in {count} of {table.num_rows} rows; first at row {row}: "
-                         f"{target_key}={table[target_key][row].as_py()!r} vs source "
-                         f"{source_key}={source[source_key][row].as_py()!r}")
+    check_row_counts(table.num_rows, source.num_rows)
+    alignment = Alignment(target_key, source_key, table.num_rows)
+    alignment.check(table, source, 0)
+    alignment.finish()

@@ -96,6 +96,47 @@ class Findings:
     columns: list[str] = field(default_factory=list)
 
 
+class StepStream:
+    """One operation's step over a shard, window by window (Operation.stream). `step` is its record and
+    `schema` the table's after it; `apply`
+    takes the next window of rows (starting at row `offset` of the shard) and returns it changed; `failed`
+    says a window showed the shard cannot be merged (the caller stops writing, keeps feeding windows to count),
+    `finish` raises that after the last window; `close` releases what it opened."""
+
+    step: Step
+    schema: pa.Schema
+    failed: bool = False
+
+    def apply(self, window: pa.Table, offset: int) -> pa.Table:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TableStream(StepStream):
+    """A step that changes each window by itself (or not at all: `change` None)."""
+
+    def __init__(self, step: Step, schema: pa.Schema, change: Callable[[pa.Table], pa.Table] | None = None):
+        self.step, self.schema, self.change = step, schema, change
+
+    def apply(self, window: pa.Table, offset: int) -> pa.Table:
+        return self.change(window) if self.change else window
+
+
+def whole(stream: StepStream, table: pa.Table) -> pa.Table:
+    """A step's stream applied to a whole table at once (one window)."""
+    try:
+        out = stream.apply(table, 0)
+        stream.finish()
+        return out
+    finally:
+        stream.close()
+
+
 class Operation(ABC):
     type: ClassVar[str]
 
@@ -159,6 +200,18 @@ class Operation(ABC):
         """The step on one shard: the new table and its record (status, input, the lineage of every column it
         affected), kept in provenance beside `to_dict()`. `history`: what the earlier steps did on this shard,
         e.g. which skipped step explains a column's absence."""
+
+    def stream(self, schema: pa.Schema, dataset, relpath: str, history: History, rows: int,
+               window_rows: int) -> StepStream:
+        """The step over a shard of `rows` rows seen in windows of `window_rows` rows (the last may be shorter;
+        the streaming merge): what it can tell
+        from footers is checked and recorded now (its Step), each window then goes through `StepStream.apply`.
+        By default each window goes through `apply`, which suits a step that needs nothing but the table's
+        own rows; an operation that reads a sibling overrides this."""
+        if self.input(dataset) is not None:
+            raise NotImplementedError(f"{self.type} reads a sibling: it must define stream()")
+        empty, step = self.apply(schema.empty_table(), dataset, relpath, history)
+        return TableStream(step, empty.schema, lambda window: self.apply(window, dataset, relpath, history)[0])
 
     # ---------------------------------------------------------------- dry run and verify
     def dry_run_lines(self, dataset) -> tuple[str, list[str]]:

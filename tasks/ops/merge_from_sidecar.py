@@ -5,6 +5,7 @@ key column must equal the current table's key column element by element (a null 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -15,11 +16,13 @@ from pydantic import ConfigDict, Field, field_validator
 from tasks import storage
 from tasks.errors import ShardError
 from tasks.models import ColumnName, Prefix
-from tasks.ops.alignment import check_aligned
-from tasks.ops.base import ABSENT, ColumnList, FieldProblem, Findings, Input, Operation, OperationSpec, schema_extra
+from tasks.ops.alignment import Alignment, check_row_counts, comparable
+from tasks.ops.base import (ABSENT, ColumnList, FieldProblem, Findings, Input, Operation, OperationSpec, StepStream,
+                            TableStream, schema_extra, whole)
 from tasks.ops.lineage import History, Status, Step, appended, legacy_lists, replaced
 from tasks.parquet_errors import unreadable_parquet
 from tasks.validation import Says
+from tasks.windows import RowWindows
 
 MODES = ("fill_missing", "prefer_sidecar", "error")
 KEY = ("Set it and {other} together, only when the score sidecar is aligned by a key other than the dataset's "
@@ -161,30 +164,41 @@ class MergeFromSidecar(Operation):
         return _apply_schema(current, source, cols), self._record(Status.PLANNED, cols)
 
     def apply(self, table: pa.Table, dataset, relpath: str, history: History) -> tuple[pa.Table, Step]:
+        stream = self.stream(table.schema, dataset, relpath, history, table.num_rows, table.num_rows)
+        return whole(stream, table), stream.step
+
+    def stream(self, schema: pa.Schema, dataset, relpath: str, history: History, rows: int,
+               window_rows: int) -> StepStream:
+        """Opens the sibling: columns planned, row counts and key types compared, from its footer; each window
+        then takes as many of its rows, checks their keys and gains its columns."""
         uri = self.source_prefix + relpath
+        keys = self.input(dataset)
         try:
-            with storage.open_parquet(uri) as f:
-                identity = storage.file_identity(uri, f)
-                pf = pq.ParquetFile(f)
-                cols = self.column_plan(table.schema, pf.schema_arrow, dataset)
-                keys = self.input(dataset)
-                source = pf.read(columns=cols.read_columns(keys.source_key), use_threads=True)
+            f = storage.open_parquet(uri)
+            try:
+                with _readable(uri):
+                    identity = storage.file_identity(uri, f)
+                    pf = pq.ParquetFile(f)
+            except BaseException:
+                f.close()
+                raise
         except FileNotFoundError:
             if not self.required:
-                return table, Step(Status.SKIPPED, input=ABSENT)
+                return TableStream(Step(Status.SKIPPED, input=ABSENT), schema)
             raise ShardError(f"sibling shard missing: {uri}; inspect the score sidecar (shard paths must match the "
                              "base), or set `required: false` to skip shards it does not cover") from None
-        except (OSError, pa.ArrowException) as exc:
-            if not unreadable_parquet(exc):
-                raise
-            raise ShardError(f"source shard {uri} is not a readable parquet file ({exc}); "
-                             "inspect the score sidecar") from None
-        check_aligned(table, keys.target_key, source, keys.source_key)
-        for col in cols.replace:
-            table = table.set_column(table.schema.get_field_index(col), source.schema.field(col), source[col])
-        for col in cols.append:
-            table = table.append_column(source.schema.field(col), source[col])
-        return table, self._record(Status.MERGED, cols, identity)
+        try:
+            cols = self.column_plan(schema, pf.schema_arrow, dataset)
+            check_row_counts(rows, pf.metadata.num_rows)
+            comparable(pa.chunked_array([], schema.field(keys.target_key).type),
+                       pa.chunked_array([], pf.schema_arrow.field(keys.source_key).type), keys.target_key,
+                       keys.source_key)
+            reader = RowWindows(pf, cols.read_columns(keys.source_key), window_rows)
+        except BaseException:
+            f.close()
+            raise
+        return SiblingStream(uri, f, reader, cols, Alignment(keys.target_key, keys.source_key, rows),
+                             self._record(Status.MERGED, cols, identity), _apply_schema(schema, pf.schema_arrow, cols))
 
     def dry_run_lines(self, dataset) -> tuple[str, list[str]]:
         notes = [f"{col} is the dataset's " + (
@@ -221,6 +235,45 @@ class MergeFromSidecar(Operation):
         notes = {**legacy_lists(lineage, "appended", "replaced"),  # what its records have always carried
                  "kept_from_main": list(cols.kept_from_main), "protected": list(cols.protected)}
         return Step(status, lineage, identity, notes)
+
+
+@contextmanager
+def _readable(uri: str):
+    """A sibling that is not readable parquet is named as such."""
+    try:
+        yield
+    except (OSError, pa.ArrowException) as exc:
+        if not unreadable_parquet(exc):
+            raise
+        raise ShardError(f"source shard {uri} is not a readable parquet file ({exc}); "
+                         "inspect the score sidecar") from None
+
+
+class SiblingStream(StepStream):
+    def __init__(self, uri: str, file, reader: RowWindows, cols: ColumnPlan, alignment: Alignment, step: Step,
+                 schema: pa.Schema):
+        self.uri, self.file, self.reader, self.cols, self.alignment = uri, file, reader, cols, alignment
+        self.step, self.schema = step, schema
+
+    @property
+    def failed(self) -> bool:
+        return self.alignment.failed
+
+    def apply(self, window: pa.Table, offset: int) -> pa.Table:
+        with _readable(self.uri):
+            source = self.reader.take(window.num_rows)
+        self.alignment.check(window, source, offset)
+        for col in self.cols.replace:
+            window = window.set_column(window.schema.get_field_index(col), source.schema.field(col), source[col])
+        for col in self.cols.append:
+            window = window.append_column(source.schema.field(col), source[col])
+        return window
+
+    def finish(self) -> None:
+        self.alignment.finish()
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def _apply_schema(current: pa.Schema, source: pa.Schema, cols: ColumnPlan) -> pa.Schema:

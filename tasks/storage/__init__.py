@@ -9,7 +9,7 @@ checksum or time its listing gives). Outputs go only to backends that write atom
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
@@ -29,7 +29,7 @@ __all__ = ["ABSENT", "MULTIPART_THRESHOLD", "PART_SIZE", "TEMP_MARK", "Backend",
            "check_relpath", "check_writable", "dictionary_columns", "entry_identity", "fetch_ahead", "file_identity",
            "file_size", "filesystem", "forget_ahead", "inside", "is_s3", "join", "list_prefix", "listed",
            "local_identity", "missing_root", "normalize_prefix", "open_parquet", "pending_uploads", "read_footer",
-           "s3_identity", "sweep_stale", "worker_env_names", "write_atomic", "write_text"]
+           "s3_identity", "sweep_stale", "worker_env_names", "write_atomic", "write_text", "write_windows"]
 
 ACCEPTED = "s3://bucket/path/, file:///abs/path/, or a local path"
 WRITABLE = "s3://, local paths (file://) and memory://"
@@ -251,12 +251,37 @@ def write_atomic(table: pa.Table, uri: str, row_group_size: int | None = None,
     where the backend proved the stored object is exactly those bytes, the payload (`Written`). `plain` names
     columns (such as unique keys) to keep out of dictionary encoding. ValueError on a backend that cannot
     write atomically."""
+    return write_windows([table], uri, row_group_size, plain, keep=True)
+
+
+def write_windows(windows: Iterable[pa.Table], uri: str, row_group_size: int | None = None,
+                  plain: Iterable[str] = (), keep: bool = False) -> Written:
+    """write_atomic of the rows of `windows` in order (the first one's schema, metadata included, is the
+    file's), each window cut into row groups of `row_group_size` rows, written as they come: the file is
+    published only after the last one, and never if the iterator raises. `keep=False`: no need to hold the
+    whole payload (Written.payload may then be None and a check reads the object back)."""
     store = backend(uri)
     store.check_write_path(uri)
-    # An empty input shard reports row groups of 0 rows; pyarrow refuses row_group_size=0.
-    options = dict(compression="zstd", row_group_size=row_group_size or None,
-                   use_dictionary=dictionary_columns(table.schema, plain))
-    return store.write_parquet(table, uri, options)
+
+    def write(sink) -> None:
+        writer = None
+        try:
+            for window in windows:
+                if writer is None:
+                    writer = pq.ParquetWriter(sink, window.schema, compression="zstd",
+                                              use_dictionary=dictionary_columns(window.schema, plain))
+                # An empty input shard reports row groups of 0 rows; pyarrow refuses row_group_size=0.
+                writer.write_table(window, row_group_size=row_group_size or None)
+        except BaseException:
+            if writer is not None:
+                with suppress(Exception):  # the object is never published; the first error is the one to tell
+                    writer.close()
+            raise
+        if writer is None:
+            raise ValueError(f"nothing to write to {uri}: no window of rows, not even an empty one")
+        writer.close()
+
+    return store.write_parquet(write, uri, keep)
 
 
 def write_text(uri: str, text: str) -> None:

@@ -12,7 +12,6 @@ from datetime import datetime
 
 import fsspec
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 TEMP_MARK = ".sidecar-ops-tmp-"
 # Attribute of a file from open_parquet holding the info (listing-like entry) of the version it reads, where
@@ -49,13 +48,6 @@ class Written:
 
     size: int
     payload: pa.Buffer | None = None
-
-
-def parquet_bytes(table: pa.Table, options: dict) -> pa.Buffer:
-    """`table` serialized as one parquet payload, for backends that store a whole object at once."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, **options)
-    return sink.getvalue()
 
 
 class Backend:
@@ -134,11 +126,15 @@ class Backend:
             raise ValueError(f"refusing to write {uri!r}: the path has '.'/'..' segments and could land outside "
                              "the output prefix")
 
-    def write_parquet(self, table: pa.Table, uri: str, options: dict) -> Written:
-        """Write `table` so that readers only ever see the complete object. By default the payload is built in
-        memory and stored whole by `put`, which only returns once the store holds exactly those bytes: the
-        payload is handed back, so a check of what was written needs no read."""
-        data = parquet_bytes(table, options)
+    def write_parquet(self, write, uri: str, keep: bool = True) -> Written:
+        """Store what `write(sink)` writes into a pyarrow sink (a path or a file object) so that readers only
+        ever see the complete object. By default the payload is built in memory and stored whole by `put`,
+        which only returns once the store holds exactly those bytes: the payload is handed back, so a check of
+        what was written needs no read. `keep=False` says the caller would rather not hold the whole payload
+        (a streamed write); a backend may still, as this default does."""
+        sink = pa.BufferOutputStream()
+        write(sink)
+        data = sink.getvalue()
         self.put(uri, data.to_pybytes())
         return Written(data.size, data)
 

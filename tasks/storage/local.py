@@ -14,7 +14,6 @@ import uuid
 
 import fsspec
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tasks.storage.backend import TEMP_MARK, Backend, Written
 
@@ -89,10 +88,10 @@ class LocalBackend(Backend):
             raise ValueError(f"refusing to write {uri!r}: the path has '.'/'..' segments and could land outside "
                              "the output prefix")
 
-    def write_parquet(self, table: pa.Table, uri: str, options: dict) -> Written:
+    def write_parquet(self, write, uri: str, keep: bool = True) -> Written:
         """pyarrow writes straight into the temp file (no in-memory copy), which is fsynced and renamed; a check
         reads the file back (memory-mapped: no copy, no request)."""
-        return Written(self._replace(uri, lambda temp: pq.write_table(table, temp, **options)))
+        return Written(self._replace(uri, write))
 
     def put(self, uri: str, data: bytes) -> None:
         def write(temp: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import logging
 import os
 import time
@@ -22,7 +23,7 @@ import pyarrow as pa
 
 from tasks import compat
 from tasks.storage import ahead
-from tasks.storage.backend import Backend, Written, parquet_bytes
+from tasks.storage.backend import Backend, Written
 
 # Payloads of at least MULTIPART_THRESHOLD bytes go up in parts of PART_SIZE (S3's minimum part is 5 MiB).
 MULTIPART_THRESHOLD = int(os.environ.get("SIDECAR_OPS_MULTIPART_THRESHOLD") or 64 * 2**20)
@@ -162,47 +163,22 @@ class S3Backend(Backend):
             f.details = {"name": path, "size": size, "type": "file"}  # fsspec's public setter
         return f
 
-    def write_parquet(self, table: pa.Table, uri: str, options: dict) -> Written:
-        """The payload is built in memory and uploaded; it is handed back when S3's replies prove the object holds
-        exactly those bytes (then a check of what was written reads nothing back)."""
-        data = parquet_bytes(table, options)
-        return Written(data.size, data if self.store(uri, data.to_pybytes()) else None)
+    def write_parquet(self, write, uri: str, keep: bool = True) -> Written:
+        """The bytes `write(sink)` produces go up as they come (Upload: one PUT, or a multipart upload whose parts
+        leave as they fill); the payload is handed back where S3's replies prove the object holds exactly it
+        and the bytes were kept (`keep`, or an object small enough for one PUT), so a check of what was written
+        reads nothing back."""
+        fs, path = self.filesystem(uri)
+        upload = Upload(fs, *path.split("/", 1), keep=keep)
+        try:
+            write(upload)
+            return upload.finish()
+        except BaseException:
+            upload.abort()
+            raise
 
     def put(self, uri: str, data: bytes) -> None:
-        self.store(uri, data)
-
-    def store(self, uri: str, data: bytes) -> bool:
-        """One PUT, or a multipart upload completed only at the end and aborted on any failure; each with a
-        CRC32 that S3 checks the body against. Returns whether the replies prove the object is `data`."""
-        fs, path = self.filesystem(uri)
-        bucket, key = path.split("/", 1)
-        if len(data) < MULTIPART_THRESHOLD:
-            reply = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, ChecksumAlgorithm="CRC32")
-            try:
-                return stored_exactly(reply, data)
-            except UploadCorrupted:  # a store that took damaged bytes without checking: take them away again
-                fs.call_s3("delete_object", Bucket=bucket, Key=key)
-                raise
-        started = time.monotonic()
-        reply = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32")
-        upload = reply["UploadId"]
-        if reply.get("ResponseMetadata", {}).get("RetryAttempts"):
-            abort_unheard_of(fs, bucket, key, upload, time.monotonic() - started)
-        try:
-            parts, proven = [], True
-            for number, start in enumerate(range(0, len(data), PART_SIZE), 1):
-                body = data[start:start + PART_SIZE]
-                out = fs.call_s3("upload_part", Bucket=bucket, Key=key, UploadId=upload, PartNumber=number,
-                                 Body=body, ChecksumAlgorithm="CRC32")
-                proven = stored_exactly(out, body) and proven
-                checksum = {"ChecksumCRC32": out["ChecksumCRC32"]} if out.get("ChecksumCRC32") else {}
-                parts.append({"PartNumber": number, "ETag": out["ETag"], **checksum})
-            fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload,
-                       MultipartUpload={"Parts": parts})
-        except BaseException:
-            abort_upload(fs, bucket, key, upload)
-            raise
-        return proven
+        self.write_parquet(lambda sink: sink.write(data), uri)
 
     def pending_uploads(self, prefix: str) -> list[tuple[str, str, str]]:
         fs, root = self.filesystem(prefix)
@@ -239,6 +215,89 @@ class S3Backend(Backend):
         except OSError:
             return None  # cannot tell; let the listing's own answer stand
         return f"bucket {bucket!r} does not exist; create it or choose another --output-prefix"
+
+
+class Upload(io.RawIOBase):
+    """A file object whose bytes become the object at s3://bucket/key, atomically: one PUT at `finish` while
+    they stay under MULTIPART_THRESHOLD, else a multipart upload whose parts of PART_SIZE leave as they fill,
+    completed at `finish`, aborted by `abort` (any failure: no object, no upload left). Every request carries
+    a CRC32 S3 checks the body against. `keep`: hold every byte, so `finish` can hand back the payload."""
+
+    def __init__(self, fs, bucket: str, key: str, keep: bool = True):
+        super().__init__()
+        self.fs, self.bucket, self.key, self.keep = fs, bucket, key, keep
+        self.pending, self.kept, self.size = bytearray(), bytearray(), 0
+        self.upload: str | None = None
+        self.parts: list[dict] = []
+        self.proven, self.ended = True, False
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.size
+
+    def write(self, data) -> int:
+        if self.ended:  # a part failed, or the upload was finished or aborted: a late footer goes nowhere
+            raise OSError(f"upload of s3://{self.bucket}/{self.key} has ended")
+        data = memoryview(data).cast("B")
+        self.pending += data
+        if self.keep:
+            self.kept += data
+        self.size += data.nbytes
+        try:
+            if self.upload is None and len(self.pending) >= MULTIPART_THRESHOLD:
+                self.start()
+            while self.upload is not None and len(self.pending) >= PART_SIZE:
+                self.send(bytes(self.pending[:PART_SIZE]))
+                del self.pending[:PART_SIZE]
+        except BaseException:
+            self.ended = True
+            raise
+        return data.nbytes
+
+    def start(self) -> None:
+        started = time.monotonic()
+        reply = self.fs.call_s3("create_multipart_upload", Bucket=self.bucket, Key=self.key, ChecksumAlgorithm="CRC32")
+        self.upload = reply["UploadId"]
+        if reply.get("ResponseMetadata", {}).get("RetryAttempts"):
+            abort_unheard_of(self.fs, self.bucket, self.key, self.upload, time.monotonic() - started)
+
+    def send(self, body: bytes) -> None:
+        number = len(self.parts) + 1
+        out = self.fs.call_s3("upload_part", Bucket=self.bucket, Key=self.key, UploadId=self.upload,
+                              PartNumber=number, Body=body, ChecksumAlgorithm="CRC32")
+        self.proven = stored_exactly(out, body) and self.proven
+        checksum = {"ChecksumCRC32": out["ChecksumCRC32"]} if out.get("ChecksumCRC32") else {}
+        self.parts.append({"PartNumber": number, "ETag": out["ETag"], **checksum})
+
+    def finish(self) -> Written:
+        self.ended = True
+        if self.upload is None:
+            body = bytes(self.pending)
+            reply = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=body,
+                                    ChecksumAlgorithm="CRC32")
+            try:
+                proven = stored_exactly(reply, body)
+            except UploadCorrupted:  # a store that took damaged bytes without checking: take them away again
+                self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key)
+                raise
+            return Written(self.size, pa.py_buffer(body) if proven else None)
+        if self.pending:
+            self.send(bytes(self.pending))
+            self.pending.clear()
+        self.complete()
+        return Written(self.size, pa.py_buffer(self.kept) if self.keep and self.proven else None)
+
+    def complete(self) -> None:
+        if self.upload is not None:
+            self.fs.call_s3("complete_multipart_upload", Bucket=self.bucket, Key=self.key, UploadId=self.upload,
+                            MultipartUpload={"Parts": self.parts})
+
+    def abort(self) -> None:
+        self.ended = True
+        if self.upload is not None:
+            abort_upload(self.fs, self.bucket, self.key, self.upload)
 
 
 def pin(opened, details: dict) -> None:
