@@ -44,7 +44,7 @@ SIZES = {
                  # the per-operation chain at 100,000 shards would take over an hour on 2 cores: 30,000 at most; the
                  # sequential loop (no orchestration to scale) stops at 10,000 to keep W6 within a session
                  w6_counts=[1_000, 10_000, 100_000], w6_max={"chain": 30_000, "sequential": 10_000}, w7_shards=12, w7_rows=200_000,
-                 w8_shards=24, w8_rows=20_000, w9_rows=[500_000, 1_000_000, 2_000_000]),
+                 w8_shards=24, w8_rows=20_000, w9_rows=[500_000, 1_000_000, 1_500_000, 2_000_000]),
 }
 WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9")
 NEEDS_SERVER = {"W1", "W2", "W3", "W4", "W5"}  # W6 starts its own (measured) server; W7 runs as a user does

@@ -27,7 +27,7 @@ from tasks.errors import ShardError
 from tasks.ops import History, Status, provenance_record
 from tasks.ops.base import StepStream
 from tasks.parquet_errors import unreadable_parquet
-from tasks.windows import RowWindows
+from tasks.windows import RowWindows, batches
 
 PROVENANCE_KEY = b"sidecar_ops"
 # Bump whenever the kernel's output for the same inputs and pipeline would change (column order, types, encoding
@@ -339,8 +339,8 @@ def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
             read = window
             for index, step in enumerate(shard.steps):
                 window = _step(job, relpath, index, lambda: step.apply(window, offset))
-            if key in read.column_names:
-                base_keys.extend(read[key].chunks)
+            if key in read.column_names and read.num_rows:  # a compact copy: the reader's buffers are larger
+                base_keys.append(pa.concat_arrays(read[key].chunks))
             if any(step.failed for step in shard.steps):
                 continue
             if meta is None:
@@ -413,7 +413,7 @@ def verify_output(job: Job, relpath: str, stats: ShardStats, payload: pa.Buffer 
             else:
                 with storage.open_parquet(job.base_uri(relpath)) as b:
                     base = pq.ParquetFile(b).read(columns=[key])[key]
-            if not same_keys(base, (batch.column(0) for batch in pf.iter_batches(columns=[key]))):
+            if not same_keys(base, (batch.column(0) for batch in batches(pf, [key]))):
                 raise ShardError(f"key column {key!r} of the output differs from the base")
     except Exception as exc:
         raise _fail(relpath, f"verifying {uri}", exc) from exc

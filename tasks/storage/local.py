@@ -80,7 +80,7 @@ class LocalBackend(Backend):
         return os.fstat(opened.fileno()).st_size
 
     def open_parquet(self, uri: str, size: int | None = None):
-        return pa.memory_map(uri, "r")
+        return pa.OSFile(uri, "rb")
 
     def check_write_path(self, uri: str) -> None:
         super().check_write_path(uri)
