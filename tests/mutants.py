@@ -147,6 +147,10 @@ MUTANTS = [
            "tasks/prefect_tasks.py", "    stats = merge.verify_output(job, relpath, found, base_keys=base_keys)",
            "    stats = found",
            ("tests/test_fused.py::test_a_retry_runs_the_post_write_check_on_the_output_it_returns",)),
+    Mutant("L10", "Alignment asserted per shard", "an upload S3 stored damaged is taken for the bytes sent",
+           "tasks/storage/s3.py", "    if etag and not encrypted:", "    if False:",
+           ("tests/test_s3_requests.py::test_an_upload_corrupted_on_the_way_is_never_taken_for_written",)),
+    # ------------------------------------------------------------ memory
     Mutant("L11", "Alignment asserted per shard", "the streamed write does not check what it stored", "tasks/merge.py",
            "    return verify_output(job, relpath, stats, written.payload, keys)", "    return stats",
            (W + "test_a_run_fails_the_shard_whose_output_fails_the_check",)),
@@ -157,10 +161,6 @@ MUTANTS = [
     Mutant("L13", "Alignment asserted per shard", "a streamed shard's mismatches after its first window ignored",
            "tasks/ops/alignment.py", "        self.count += count", "        self.count += count if not offset else 0",
            ("tests/test_streaming.py::test_streamed_equals_whole_across_window_boundaries",)),
-    Mutant("L10", "Alignment asserted per shard", "an upload S3 stored damaged is taken for the bytes sent",
-           "tasks/storage/s3.py", "    if etag and not encrypted:", "    if False:",
-           ("tests/test_s3_requests.py::test_an_upload_corrupted_on_the_way_is_never_taken_for_written",)),
-    # ------------------------------------------------------------ memory
     Mutant("M1", "Memory bounded by a row group", "the streamed merge takes the whole shard as one window",
            "tasks/merge.py", "    size = shard.row_group_size or shard.rows", "    size = shard.rows",
            ("tests/test_streaming.py::test_a_streamed_shard_holds_a_window_not_the_shard",)),
