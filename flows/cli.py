@@ -76,7 +76,8 @@ def parser() -> argparse.ArgumentParser:
                      f"{DEFAULT_GRACE:g}); a second signal abandons them at once")
     run.add_argument("--retries", type=int, default=1, help="retries per shard task on I/O errors (default 1)")
     run.add_argument("--fuse-operations", action="store_true", help="one task per shard for all its operations "
-                     "and its check, instead of one task per operation (for runs of very many shards)")
+                     "and its check, instead of one task per operation; it streams the shard a row group at a "
+                     "time (for large shards and for runs of very many shards)")
     verify = sub.add_parser("verify", help="prove an all-in-one sidecar is complete, aligned and sane")
     add_common(verify)
     verify.add_argument("--all", action="store_true", help="score statistics over all shards, not the sample")
