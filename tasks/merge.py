@@ -177,11 +177,16 @@ def read_base(job: Job, relpath: str) -> ShardState:
             pf = pq.ParquetFile(f)
             names = [n for n in pf.schema_arrow.names if n != image]
             table = pf.read(columns=names, use_threads=True)
-            groups = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+            groups = row_group_rows(pf)
     except Exception as exc:  # corrupt, vanished or unreadable: say which shard
         raise _fail(relpath, f"reading base shard {uri}", exc) from exc
     keys = table[key] if key in table.column_names else None
-    return ShardState(table, max(groups) if groups else None, base_input=identity, base_keys=keys)
+    return ShardState(table, groups or None, base_input=identity, base_keys=keys)
+
+
+def row_group_rows(pf: pq.ParquetFile) -> int:
+    """The largest row group of the base: the output's row group size (0 for an empty shard)."""
+    return max((pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)), default=0)
 
 
 def apply_step(job: Job, relpath: str, index: int, state: ShardState) -> ShardState:
@@ -299,8 +304,7 @@ def open_shard(job: Job, relpath: str, stack: ExitStack) -> OpenShard:
         f = stack.enter_context(storage.open_parquet(uri))
         identity = storage.file_identity(uri, f)
         pf = pq.ParquetFile(f)
-        groups = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
-        window = max(groups, default=0)  # the output's row group: a window of rows at a time
+        window = row_group_rows(pf)  # the output's row group: a window of rows at a time
         base = RowWindows(pf, [n for n in pf.schema_arrow.names if n != image], window)
     except Exception as exc:  # corrupt, vanished or unreadable: say which shard
         raise _fail(relpath, f"reading base shard {uri}", exc) from exc

@@ -96,7 +96,7 @@ class Findings:
     columns: list[str] = field(default_factory=list)
 
 
-class StepStream:
+class StepStream(ABC):
     """One operation's step over a shard, window by window (Operation.stream). `step` is its record and
     `schema` the table's after it; `apply`
     takes the next window of rows (starting at row `offset` of the shard) and returns it changed; `failed`
@@ -107,8 +107,9 @@ class StepStream:
     schema: pa.Schema
     failed: bool = False
 
+    @abstractmethod
     def apply(self, window: pa.Table, offset: int) -> pa.Table:
-        raise NotImplementedError
+        """The next window of rows, changed by the step."""
 
     def finish(self) -> None:
         pass
@@ -209,7 +210,8 @@ class Operation(ABC):
         By default each window goes through `apply`, which suits a step that needs nothing but the table's
         own rows; an operation that reads a sibling overrides this."""
         if self.input(dataset) is not None:
-            raise NotImplementedError(f"{self.type} reads a sibling: it must define stream()")
+            raise TypeError(f"{self.type} reads a sibling, so it must define stream(): the default streams "
+                            "windows through apply(), which sees no sibling")
         empty, step = self.apply(schema.empty_table(), dataset, relpath, history)
         return TableStream(step, empty.schema, lambda window: self.apply(window, dataset, relpath, history)[0])
 
