@@ -75,9 +75,13 @@ def parser() -> argparse.ArgumentParser:
                      f"how long shards in flight may take to finish before they are abandoned (default "
                      f"{DEFAULT_GRACE:g}); a second signal abandons them at once")
     run.add_argument("--retries", type=int, default=1, help="retries per shard task on I/O errors (default 1)")
-    run.add_argument("--fuse-operations", action="store_true", help="one task per shard for all its operations "
-                     "and its check, instead of one task per operation; it streams the shard a row group at a "
-                     "time (for large shards and for runs of very many shards)")
+    layout = run.add_mutually_exclusive_group()
+    layout.add_argument("--fuse-operations", dest="fuse_operations", action="store_true", default=True,
+                        help="one task per shard for all its operations, the write and its check, streaming the "
+                        "shard a row group at a time (default)")
+    layout.add_argument("--task-per-operation", dest="fuse_operations", action="store_false",
+                        help="a chain of one task per operation, the last writing and checking: each step shows in "
+                        "the UI, but the whole shard is held in memory and handed from step to step")
     verify = sub.add_parser("verify", help="prove an all-in-one sidecar is complete, aligned and sane")
     add_common(verify)
     verify.add_argument("--all", action="store_true", help="score statistics over all shards, not the sample")

@@ -1,4 +1,5 @@
-"""The merge flow: plan -> per shard: merge op 0 -> op 1 -> ... -> write and check (or one fused task) -> summary.
+"""The merge flow: plan -> per shard: one task streaming every operation, the write and its check (or a chain of
+one task per operation, the last writing and checking) -> summary.
 
 Run it with `sidecar-ops run PIPELINE.yaml ...` or `python flows/merge.py PIPELINE.yaml ...`.
 """
@@ -38,9 +39,10 @@ def steps_share_a_process(config: RunConfig) -> bool:
 
 
 class ShardSteps:
-    """The Prefect tasks of one shard, built once per run: a chain of one task per operation, the last one
-    writing and checking the output (the default: each step shows in the UI), or one task doing all of them
-    (`fuse_operations`). Each task is handed the plan's listing of the shard's inputs (`Plan.listed`)."""
+    """The Prefect tasks of one shard, built once per run: one task streaming all its operations, the write and
+    the check (`fuse_operations`, the default), or a chain of one task per operation, the last one writing and
+    checking (each step shows in the UI; the whole table goes from step to step). Each task is handed the plan's
+    listing of the shard's inputs (`Plan.listed`)."""
 
     def __init__(self, runner, plan: Plan, config: RunConfig):
         self.runner, self.plan, self.job, self.fused = runner, plan, plan.job, config.fuse_operations
@@ -87,7 +89,7 @@ def merge_flow(pipeline: str, output_prefix: str, overwrite: bool = False,
                max_inflight: int = DEFAULT_MAX_INFLIGHT, fail_fast: bool = False, datasets_dir: str | None = None,
                retries: int = DEFAULT_RETRIES, use_ray: bool = False, ray_address: str | None = None,
                task_cpus: float | None = None, task_memory_gb: float | None = None,
-               fuse_operations: bool = False, debug: bool = False, max_workers: int | None = None,
+               fuse_operations: bool = True, debug: bool = False, max_workers: int | None = None,
                overwrite_before: str | None = None, grace_seconds: float = DEFAULT_GRACE) -> Summary:
     """Merge every shard of PIPELINE's base sidecar with its score sidecars into `output_prefix`.
     `overwrite` recomputes every shard; otherwise complete outputs are kept (resume). `overwrite_before`

@@ -52,7 +52,7 @@ class RunConfig:
     fail_fast: bool = False
     grace_seconds: float = DEFAULT_GRACE  # after a first SIGINT/SIGTERM, for shards in flight
     retries: int = DEFAULT_RETRIES
-    fuse_operations: bool = False    # one task per shard instead of one per operation
+    fuse_operations: bool = True     # one task per shard (streamed); False: a chain of one task per operation
     # verify
     samples: int = DEFAULT_SAMPLES
     all_shards: bool = False

@@ -162,7 +162,7 @@ def busy_workers(cluster, task_name: str) -> list[Proc]:
     return [p for p in processes() if p.ppid in raylets and p.title.split()[:1] == [f"ray::{task_name}"]]
 
 
-def driver_tasks(address: str, driver_pid: int, names=("merge",)) -> list:
+def driver_tasks(address: str, driver_pid: int, names=("merge-shard",)) -> list:
     """Every attempt of the named tasks the driver with `driver_pid` ran on the cluster (Ray's state API)."""
     from ray.util.state import list_jobs, list_tasks
 

@@ -39,12 +39,12 @@ EXPECTED["W6"] = [f"{mode} @ {n}: {what}" for mode, counts in W6_MODES.items() f
                   for what in ("wall", "ms/shard", "driver peak RSS")
                   + (("Prefect server CPU", "DB growth") if mode in W6_PREFECT else ())]
 EXPECTED["W7"] = ["(a) floor: plain pyarrow script, start -> exit", "(b) sidecar-ops run, start -> exit",
-                  "(c) sidecar-ops run --fuse-operations, start -> exit", "one shard: floor script, start -> exit",
+                  "(c) sidecar-ops run --task-per-operation, start -> exit", "one shard: floor script, start -> exit",
                   "one shard, warm home: sidecar-ops run start -> exit",
                   "one shard, fresh home: sidecar-ops run start -> exit"]
 W8_A, W8_B, W8_C = "(a) script, sequential", "(b) script, 8 shards at once", "(c) sidecar-ops run"
 W8_D, W8_E = "(d) resume: sidecar-ops run on the finished output", "(e) one-shard sidecar-ops run"
-W8_F = "(f) sidecar-ops run --fuse-operations"
+W8_F = "(f) sidecar-ops run --task-per-operation"
 EXPECTED["W8"] = [f"{W8_A}: wall", f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: wall", f"{W8_E}: wall (start-up)",
                   "(c) - (e): wall minus start-up", f"{W8_B}: I/O phase", f"{W8_C}: I/O phase", f"{W8_F}: wall",
                   f"{W8_F}: I/O phase",
@@ -63,8 +63,8 @@ RATIO_ROWS = {("W1", name) for name in EXPECTED["W1"][1:]} | {
     *(("W8", name) for name in (f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: wall", f"{W8_C}: I/O phase",
                                 f"{W8_F}: wall", f"{W8_F}: I/O phase",
                                 f"{W8_C}: requests per shard", f"{W8_C}: GET bytes per shard"))}
-W9_A, W9_B, W9_C = ("(a) whole-table script", "(b) one-shard sidecar-ops run --fuse-operations",
-                    "(c) one-shard sidecar-ops run, task per operation")
+W9_A, W9_B, W9_C = ("(a) whole-table script", "(b) one-shard sidecar-ops run",
+                    "(c) one-shard sidecar-ops run --task-per-operation")
 W9_ROWS = ("5,000", "10,000", "20,000")  # bench/run.py's smoke w9_rows
 EXPECTED["W9"] = [f"{who} @ {n} rows: peak RSS" for n in W9_ROWS for who in (W9_A, W9_B, W9_C)] + [
     f"{who}: peak RSS growth, 10,000 -> 20,000 rows" for who in (W9_A, W9_B, W9_C)]

@@ -134,8 +134,8 @@ def test_job_command_parses_and_its_pipeline_is_in_the_image():
     argv = shlex.split(JOB_COMMAND)
     assert argv[0] == "sidecar-ops"
     args = parser().parse_args(argv[1:])
-    assert (args.command, args.use_ray, args.overwrite, args.max_inflight, args.task_cpus, args.task_memory_gb) \
-        == ("run", True, False, 128, 1.0, 4.0)
+    assert (args.command, args.use_ray, args.overwrite, args.max_inflight, args.task_cpus, args.task_memory_gb,
+            args.fuse_operations) == ("run", True, False, 128, 1.0, 4.0, True)  # one streamed task a shard
     pipeline = load_pipeline(str(ROOT / args.pipeline.removeprefix("/app/")))  # as the image lays it out
     assert pipeline.operations
 

@@ -1,10 +1,12 @@
-"""`--fuse-operations`: one task per shard does every operation, the write and its check.
+"""`--fuse-operations` (the default): one task per shard does every operation, the write and its check, against
+`--task-per-operation` (a chain of one task per operation).
 
 Its outputs are the per-operation chain's outputs (same content, same resume key), a failure names the same
 shard and operation, and the Prefect API records exactly one task run per shard.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from collections import Counter
@@ -49,7 +51,7 @@ def task_run_names(pipeline: str) -> Counter:
 def test_fused_run_equals_the_chain_and_records_one_task_per_shard(tmp_path, run):
     root = str(tmp_path / "data") + "/"  # the same kernel and writer as the chain: one backend is enough
     fused = build(tmp_path / "fused", root + "fused/", shards=SHARDS)
-    code, out, err = run(fused.pipeline, "--output-prefix", fused.output, "--fuse-operations")
+    code, out, err = run(fused.pipeline, "--output-prefix", fused.output)  # the default layout
     assert code == 0, err
     assert_clean(out, err)
     assert summary_counts(out) == (4, 4, 0, 0)
@@ -58,7 +60,7 @@ def test_fused_run_equals_the_chain_and_records_one_task_per_shard(tmp_path, run
     assert task_run_names(fused.pipeline) == Counter({f"merge {rel}": 1 for rel in REL})
 
     chain = build(tmp_path / "chain", root + "chain/", shards=SHARDS)
-    assert run(chain.pipeline, "--output-prefix", chain.output)[0] == 0
+    assert run(chain.pipeline, "--output-prefix", chain.output, "--task-per-operation")[0] == 0
     for rel in REL:
         assert read_table(fused.output + rel).equals(read_table(chain.output + rel)), rel
         want, got = provenance(chain.output + rel), provenance(fused.output + rel)
@@ -69,10 +71,31 @@ def test_fused_run_equals_the_chain_and_records_one_task_per_shard(tmp_path, run
         assert got == want, rel
 
 
+@pytest.mark.parametrize("flags, fused", [([], True), (["--fuse-operations"], True),
+                                          (["--task-per-operation"], False)])
+def test_one_task_a_shard_is_the_default_and_the_chain_is_asked_for(flags, fused):
+    """On the command line, in a deployment's flow run (the flow's parameter) and in a RunConfig alike."""
+    from flows.cli import parser
+    from flows.merge import merge_flow
+    from flows.runconfig import RunConfig
+
+    assert parser().parse_args(["run", "p.yaml", *flags]).fuse_operations is fused
+    assert inspect.signature(merge_flow.fn).parameters["fuse_operations"].default is True
+    assert RunConfig(None, "", "").fuse_operations is True
+
+
+def test_the_two_layouts_cannot_both_be_asked_for(capsys):
+    from flows.cli import parser
+
+    with pytest.raises(SystemExit) as exc:
+        parser().parse_args(["run", "p.yaml", "--fuse-operations", "--task-per-operation"])
+    assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
 def test_fused_and_chain_outputs_resume_each_other(tmp_path, run):
     setup = build(tmp_path, str(tmp_path / "data") + "/", shards=SHARDS)
     assert run(setup.pipeline, "--output-prefix", setup.output, "--fuse-operations")[0] == 0
-    code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--task-per-operation")
     assert code == 0, err
     assert summary_counts(out) == (4, 0, 4, 0)
 
@@ -111,7 +134,7 @@ def test_the_driver_keeps_no_links_of_finished_shards(tmp_path, run, monkeypatch
 
     monkeypatch.setattr(flows.scheduler, "FORGET_EVERY", 8)
     monkeypatch.setattr("flows.merge.run_window", watched)
-    for flags, tasks in (([], 4), (["--fuse-operations"], 1)):  # the chain: 3 operations + the check
+    for flags, tasks in ((["--task-per-operation"], 4), ([], 1)):  # the chain: 3 operations + the check
         setup = build(tmp_path / f"{tasks}", str(tmp_path / f"data{tasks}") + "/", shards=shards, rows=5)
         sizes.clear(), events.clear()
         code, _, err = run(setup.pipeline, "--output-prefix", setup.output, "--max-inflight", str(window), *flags)
@@ -142,7 +165,7 @@ def fail_check_once(monkeypatch, relpath: str, then_broken: bool = False) -> Cou
     return calls
 
 
-LAYOUTS = pytest.mark.parametrize("layout", [[], ["--fuse-operations"]], ids=["chain", "fused"])
+LAYOUTS = pytest.mark.parametrize("layout", [["--task-per-operation"], []], ids=["chain", "fused"])
 
 
 @LAYOUTS

@@ -35,17 +35,18 @@ def assert_output_equals_inputs(setup) -> None:
 
 @pytest.fixture
 def signal_at(monkeypatch):
-    """`signal_at(SIG)`: the STOP_AT-th base read of the next run sends SIG to this process, then carries on."""
+    """`signal_at(SIG)`: the STOP_AT-th shard opened by the next run (the default layout: one task a shard)
+    sends SIG to this process, then carries on."""
     def arm(sig: int) -> None:
-        real, reads = merge.read_base, []
+        real, reads = merge.open_shard, []
 
-        def read_base(job, relpath):
+        def open_shard(job, relpath, *args):
             reads.append(relpath)
             if len(reads) == STOP_AT:
                 os.kill(os.getpid(), sig)
-            return real(job, relpath)
+            return real(job, relpath, *args)
 
-        monkeypatch.setattr(merge, "read_base", read_base)
+        monkeypatch.setattr(merge, "open_shard", open_shard)
     return arm
 
 

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.skipif(can_build() is not None, r
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDS, ROWS = 16, 2000
-SHARD_TASKS = ("merge",)
+SHARD_TASKS = ("merge-shard",)  # one task a shard (the default layout)
 DRIVER_SECRETS = {"AWS_ACCESS_KEY_ID": "driver-key-id-7f3a", "AWS_SECRET_ACCESS_KEY": "driver-secret-9c2e",
                   "AWS_SESSION_TOKEN": "driver-session-token-51d0"}
 RUN_TIMEOUT = 300
@@ -222,7 +222,7 @@ def test_two_host_run_without_prefect_api_url_equals_the_thread_runner(cluster, 
 
     # Ray's records: every shard task ran on a worker host, none on the head; no secret in any runtime env.
     records = cluster.records("nodes", "jobs", "tasks", driver_pid=proc.pid, names=list(SHARD_TASKS))
-    assert len(records["tasks"]) >= 3 * SHARDS  # 3 merge steps per shard (retries may add some)
+    assert len(records["tasks"]) >= SHARDS  # one task a shard (retries may add some)
     assert {t["state"] for t in records["tasks"]} == {"FINISHED"}
     assert worker_ips_of(cluster, records) == {h.ip for h in cluster.workers}
     ray_text = json.dumps(records)
@@ -354,7 +354,7 @@ def test_prefect_deployment_run_with_its_worker_on_the_head(cluster, data, refer
     assert tables("s3://cluster-data/deployment/") == reference
     # Not just `use_ray=true` echoed back: the flow run's shard tasks ran on the cluster, on the worker hosts.
     records = cluster.records("nodes", "tasks", not_jobs=jobs_before, names=list(SHARD_TASKS))
-    assert len(records["tasks"]) >= 3 * SHARDS, len(records["tasks"])  # 3 merge steps per shard
+    assert len(records["tasks"]) >= SHARDS, len(records["tasks"])  # one task a shard
     assert {t["state"] for t in records["tasks"]} == {"FINISHED"}
     assert worker_ips_of(cluster, records) == {h.ip for h in cluster.workers}
 
@@ -418,7 +418,7 @@ def test_losing_a_worker_host_mid_run_retries_its_task_and_completes(cluster, da
     on_lost = [t for t in records["tasks"] if t["node_id"] in lost_node]
     assert any(t["state"] != "FINISHED" for t in on_lost), f"no lost attempt on {lost.ip}: {on_lost}"
     finished = [t for t in records["tasks"] if t["state"] == "FINISHED"]
-    assert len(finished) == 3 * SHARDS, "every merge step (the last one writes and checks) finished once, the lost one on the other host"
+    assert len(finished) == SHARDS, "every shard task finished once, the lost one on the other host"
     assert partial == [], partial
     assert tables(out_prefix) == reference
     verify_passes(data, out_prefix, s3, tmp_path / "home3")

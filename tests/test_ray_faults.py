@@ -160,7 +160,7 @@ def test_killed_worker_retries_its_shard_task_and_every_shard_verifies(cluster, 
         (hold / "armed").unlink()
         victim = int((hold / "held").read_text().split()[0])
         # (other workers may be running other shards' tasks at this moment: --max-inflight 4)
-        assert victim in [p.pid for p in busy_workers(cluster, "merge")], "the held worker runs a merge task"
+        assert victim in [p.pid for p in busy_workers(cluster, "merge-shard")], "the held worker runs a shard task"
         os.kill(victim, signal.SIGKILL)
         code, stdout, stderr = finish(proc, out, err)
     finally:
@@ -179,9 +179,8 @@ def test_killed_worker_retries_its_shard_task_and_every_shard_verifies(cluster, 
         assert any(t.state == "FINISHED" for t in retried), f"task {dead.task_id} was not retried to completion"
 
     # Prefect saw every task run of the flow end Completed, the retried one included (same task run id).
-    task_runs = flow_task_runs(setup.pipeline, expected=shards * 3)
-    assert sorted(t.name for t in task_runs) == sorted(
-        [f"merge[{i}] {rel}" for rel in relpaths(shards) for i in range(3)])
+    task_runs = flow_task_runs(setup.pipeline, expected=shards)  # one task a shard (the default layout)
+    assert sorted(t.name for t in task_runs) == sorted(f"merge {rel}" for rel in relpaths(shards))
     assert all(t.state.is_completed() for t in task_runs), [(t.name, t.state) for t in task_runs]
 
     assert watcher.reads > 0 and watcher.problems == [], watcher.problems
@@ -294,7 +293,7 @@ def test_killed_driver_then_skip_existing_processes_only_missing_shards(resumabl
         # Ray marks the dead driver's job ended, then ends its workers; once both are seen, nothing of the
         # killed run can write any more (no owner: none of its tasks starts again).
         deadline = time.monotonic() + 60
-        while job_running(cluster.address, job) or busy_workers(cluster, "merge"):
+        while job_running(cluster.address, job) or busy_workers(cluster, "merge-shard"):
             assert time.monotonic() < deadline, "the killed driver's job or workers never ended"
             time.sleep(0.1)
         before = shard_identities(out)

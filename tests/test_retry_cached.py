@@ -1,5 +1,6 @@
 """The retry path (issue 11, seen case 4), made deterministic: a fault is injected into one chosen shard's chosen
-attempt (write_output patched for that relpath only), on the thread runner against the session's Prefect API.
+attempt (the write patched for that relpath only: `stream_output` in the default layout, one task a shard;
+`write_output` in the task-per-operation chain's last step), on the thread runner against the session's Prefect API.
 
 - A writer that dies after its shard landed: the retry finds the output made from the same inputs, ends as
   Cached, and reports the real stats (rows, bytes, the skipped optional operation), so verification passes.
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+
+import pytest
 
 from core_fixtures import build, identities, read_meta
 from prefect.client.orchestration import get_client
@@ -24,9 +27,16 @@ REL = sorted(relpaths(SHARDS))
 GAP = relpaths(SHARDS)[-1]  # the shard without a watermark sibling: its optional operation is skipped
 
 
-def inject(monkeypatch, relpath: str, attempt: int, after_write: bool) -> Counter:
-    """write_output fails for `relpath` on its `attempt`-th call (after or before writing); others pass."""
-    real_write, calls = merge.write_output, Counter()
+# layout: (flags, the kernel function that writes a shard's output, the name of the task run that calls it)
+LAYOUTS = {"fused": ([], "stream_output", "merge {}"),
+           "chain": (["--task-per-operation"], "write_output", "merge[2] {}")}
+EACH_LAYOUT = pytest.mark.parametrize("layout", list(LAYOUTS))
+
+
+def inject(monkeypatch, layout: str, relpath: str, attempt: int, after_write: bool) -> Counter:
+    """The layout's write fails for `relpath` on its `attempt`-th call (after or before writing); others pass."""
+    writer = LAYOUTS[layout][1]
+    real_write, calls = getattr(merge, writer), Counter()
 
     def write(job, rel, state):
         calls[rel] += 1
@@ -37,7 +47,7 @@ def inject(monkeypatch, relpath: str, attempt: int, after_write: bool) -> Counte
             raise OSError(f"injected: worker lost after the upload of {rel} completed")
         return stats
 
-    monkeypatch.setattr(merge, "write_output", write)
+    monkeypatch.setattr(merge, writer, write)
     return calls
 
 
@@ -57,26 +67,30 @@ def summary_numbers(out: str) -> dict[str, int]:
     return {"rows": int(m.group(1).replace(",", "")), "bytes": int(m.group(2).replace(",", ""))}
 
 
-def test_retry_after_write_is_cached_with_real_stats(tmp_path, monkeypatch, run):
+@EACH_LAYOUT
+def test_retry_after_write_is_cached_with_real_stats(tmp_path, monkeypatch, run, layout):
     setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS)
-    calls = inject(monkeypatch, GAP, attempt=1, after_write=True)
-    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--retries", "1")
+    calls = inject(monkeypatch, layout, GAP, attempt=1, after_write=True)
+    flags, _, task_name = LAYOUTS[layout]
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--retries", "1", *flags)
     assert code == 0, out + err
     assert calls[GAP] == 1, "the retry found the output and did not write again"
     assert "4 total, 4 merged, 0 skipped (already complete), 0 failed" in out
     assert "operations skipped for missing siblings (required: false): 1" in out
     sizes = storage.list_prefix(setup.output).shards
     assert summary_numbers(out) == {"rows": SHARDS * 40, "bytes": sum(sizes.values())}
-    assert task_states(setup.pipeline, f"merge[2] {GAP}") == ["Cached"]
+    assert task_states(setup.pipeline, task_name.format(GAP)) == ["Cached"]
 
 
-def test_overwrite_retry_never_keeps_the_previous_output(tmp_path, monkeypatch, run):
+@EACH_LAYOUT
+def test_overwrite_retry_never_keeps_the_previous_output(tmp_path, monkeypatch, run, layout):
     setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS)
-    assert run(setup.pipeline, "--output-prefix", setup.output)[0] == 0
+    flags = LAYOUTS[layout][0]
+    assert run(setup.pipeline, "--output-prefix", setup.output, *flags)[0] == 0
     before = identities(setup.output)
     first_run = merge.read_provenance(read_meta(setup.output + REL[0])).get("run_id")
-    calls = inject(monkeypatch, REL[0], attempt=1, after_write=False)
-    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--overwrite", "--retries", "1")
+    calls = inject(monkeypatch, layout, REL[0], attempt=1, after_write=False)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--overwrite", "--retries", "1", *flags)
     assert code == 0, out + err
     assert calls[REL[0]] == 2
     assert "4 total, 4 merged, 0 skipped (already complete), 0 failed" in out

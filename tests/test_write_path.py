@@ -211,7 +211,7 @@ def test_post_write_check_fails_an_output_the_writer_got_wrong(tmp_path, monkeyp
     assert not info.value.transient or fault == "row-lost"  # never retried into a success
 
 
-@pytest.mark.parametrize("layout", [[], ["--fuse-operations"]], ids=["chain", "fused"])
+@pytest.mark.parametrize("layout", [["--task-per-operation"], []], ids=["chain", "fused"])
 def test_a_run_fails_the_shard_whose_output_fails_the_check(tmp_path, monkeypatch, run, layout):
     """In a real (in-process) run on both task layouts: the shard whose written keys differ from the base fails
     with the check's message, the others merge; a retry does not turn it into a success."""

@@ -30,7 +30,7 @@ from bench.workloads.w2_orch import TASKS_PER_SHARD
 ROWS = 10
 # mode: (label, `sidecar-ops run` flags or the name of a contender, Prefect task runs per shard)
 MODES = {
-    "chain": ("(a) thread runner, per-operation chain", [], TASKS_PER_SHARD),
+    "chain": ("(a) thread runner, per-operation chain", ["--task-per-operation"], TASKS_PER_SHARD),
     "fused": ("(b) thread runner, --fuse-operations", ["--fuse-operations"], 1),
     "ray": ("(c) --use-ray --fuse-operations", ["--use-ray", "--fuse-operations"], 1),
     "plain_ray": ("(d) plain-Ray floor (ray.remote merge_shard)", "ray_kernel", 0),

@@ -2,8 +2,9 @@
 
 (a) floor: a plain pyarrow script (contenders.floor_keys: read the base, read each source's key and score
     columns, check the keys equal the base's, append, write zstd parquet), shard after shard
-(b) `sidecar-ops run` (thread runner, warm PREFECT_HOME: its own run-scoped Prefect server, as a user gets)
-(c) `sidecar-ops run --fuse-operations`
+(b) `sidecar-ops run` (thread runner, warm PREFECT_HOME: its own run-scoped Prefect server, as a user gets; one
+    task a shard, streamed: the default)
+(c) `sidecar-ops run --task-per-operation` (a chain of one task per operation)
 One uncounted warm-up run of (b) first (warms the Prefect home and the page cache), then `repeats` rounds
 of (a), (b), (c) alternated; medians. Then the fixed cost: the same data's first shard alone through
 `sidecar-ops run`, warm home and fresh home (W0 times a 1,000-row shard; this is a shard of W7's size).
@@ -38,7 +39,7 @@ def run(data: Path, size: dict) -> list[Row]:
     case = make_case(data / "w7", size["w7_shards"], size["w7_rows"])
     home = cli_home(data)
     contenders = {"floor": lambda out: floor(case, out), "cli": lambda out: cli(case, out, home),
-                  "fused": lambda out: cli(case, out, home, "--fuse-operations")}
+                  "chain": lambda out: cli(case, out, home, "--task-per-operation")}
     warmup = case.output("cli")
     cli(case, warmup, home)
     check_rows(case, warmup, "warm-up")
@@ -55,7 +56,7 @@ def run(data: Path, size: dict) -> list[Row]:
         Row("W7", FLOOR, m["floor"], samples=samples["floor"], note=desc),
         Row("W7", "(b) sidecar-ops run, start -> exit", m["cli"], samples=samples["cli"], ref=FLOOR,
             goal="<= 1.5", note="thread runner, warm PREFECT_HOME"),
-        Row("W7", "(c) sidecar-ops run --fuse-operations, start -> exit", m["fused"], samples=samples["fused"],
+        Row("W7", "(c) sidecar-ops run --task-per-operation, start -> exit", m["chain"], samples=samples["chain"],
             ref=FLOOR, goal="<= 1.5", note="thread runner, warm PREFECT_HOME"),
         *one_shard(data, size, home),
     ]

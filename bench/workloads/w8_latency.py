@@ -5,10 +5,10 @@ Contenders, each a fresh process, in the same run (rounds alternated; walls are 
 (a) a minimal pyarrow script (bench/workloads/s3_script.py, pyarrow's own S3 filesystem): each input opened
     once, each output written once (base + each sibling: the same merge result), shard after shard
 (b) the same script, 8 shards at once (threads)
-(c) `sidecar-ops run` with its defaults (its own run-scoped Prefect server, warm PREFECT_HOME)
+(c) `sidecar-ops run` with its defaults (its own run-scoped Prefect server, warm PREFECT_HOME; one task a shard)
 (d) a second `sidecar-ops run` on (c)'s finished output: a resume
 (e) a one-shard `sidecar-ops run` (a dataset of one shard of the same size): the start-up
-(f) (c) with `--fuse-operations`: one task run a shard, to tell the orchestrator's share from the storage's
+(f) (c) with `--task-per-operation`: a task run per operation, the chain (Ray runs each step where it likes)
 Requests are counted by the proxy by kind (LIST, HEAD, GET, PUT, multipart steps) with the bytes GETs return.
 Ratios: requests (c)/(a); wall ((c) - (e)) / (b); the I/O phase (first GET to last PUT at the proxy: the shards'
 own time, without a process's start-up and end) (c) / (b); resume requests per shard beyond the listings.
@@ -38,7 +38,7 @@ SCRIPT = REPO / "bench" / "workloads" / "s3_script.py"
 SOURCES = (("dqm", "image_key", "dqm_d1_v6_1"), ("aes", "s3_image_path", "ernie_image_aes"))  # as in bench.yaml
 NAMES = {"a": "(a) script, sequential", "b": "(b) script, 8 shards at once", "c": "(c) sidecar-ops run",
          "d": "(d) resume: sidecar-ops run on the finished output", "e": "(e) one-shard sidecar-ops run",
-         "f": "(f) sidecar-ops run --fuse-operations"}
+         "f": "(f) sidecar-ops run --task-per-operation"}
 
 
 def run(data: Path, size: dict) -> list[Row]:
@@ -151,7 +151,7 @@ class W8:
                     "c": (self.cli, big, f"s3://{BUCKET}/w8-out/cli-{rep}/"),
                     "d": (self.cli, big, f"s3://{BUCKET}/w8-out/cli-{rep}/", traces["d"]),
                     "e": (self.cli, small, f"s3://{BUCKET}/w8-out/one-{rep}/", traces["e"]),
-                    "f": (self.cli, big, f"s3://{BUCKET}/w8-out/fused-{rep}/", None, "--fuse-operations")}
+                    "f": (self.cli, big, f"s3://{BUCKET}/w8-out/chain-{rep}/", None, "--task-per-operation")}
             for name, (fn, *args) in runs.items():
                 wall, entries, _ = self.counted(fn, *args)
                 walls[name].append(wall)
@@ -161,7 +161,7 @@ class W8:
                 entries_of[name] = entries
         last = self.size["repeats"] - 1
         self.check(f"w8-out/script1-{last}/", f"w8-out/cli-{last}/")
-        self.check(f"w8-out/script1-{last}/", f"w8-out/fused-{last}/")
+        self.check(f"w8-out/script1-{last}/", f"w8-out/chain-{last}/")
         self.write_requests(counts, entries_of, traces)
         return self.rows(walls, counts, phases)
 
@@ -206,7 +206,7 @@ class W8:
                 ref=f"{NAMES['b']}: I/O phase", goal="<= 1.0",
                 note="the steady state without a process's start-up and end, measured alike for both"),
             Row("W8", f"{NAMES['f']}: wall", m["f"], samples=walls["f"], ref=f"{NAMES['b']}: wall",
-                note="one task run a shard instead of one per operation"),
+                note="a task run per operation instead of one a shard"),
             Row("W8", f"{NAMES['f']}: I/O phase", median(phases["f"]), samples=phases["f"],
                 ref=f"{NAMES['b']}: I/O phase", note=f"{counts['f']['per_shard']:.2f} requests per shard"),
         ]

@@ -3,10 +3,10 @@
 
 (a) the whole-table script (contenders.floor_keys: read the base without its image column and each source's key
     and score columns whole, check the keys, append, write zstd parquet)
-(b) a one-shard `sidecar-ops run --fuse-operations` (thread runner, warm PREFECT_HOME): the shard in one task,
+(b) a one-shard `sidecar-ops run` (its default layout; thread runner, warm PREFECT_HOME): the shard in one task,
     streamed a row group at a time; the peak RSS of the process that runs the shard task, which is what a Ray
     task's `--task-memory-gb` must cover plus the driver's own baseline
-(c) the same with the default task per operation, which hands the whole table from step to step
+(c) the same with `--task-per-operation` (a chain of tasks), which hands the whole table from step to step
 
 Peaks are VmHWM of the process image (bench/workloads/common.py:maxrss_mb). Ratios: (b)/(a) and (c)/(a) at each
 size (goal for (b) <= 0.5, at 1.5M rows in the issue) and each contender's growth from the second size to the
@@ -21,8 +21,8 @@ from bench.workloads.common import Row, probe
 from bench.workloads.data import check_rows, make_case
 from bench.workloads.w0_fixed import cli_home
 
-SCRIPT, RUN, CHAIN = ("(a) whole-table script", "(b) one-shard sidecar-ops run --fuse-operations",
-                      "(c) one-shard sidecar-ops run, task per operation")
+SCRIPT, RUN, CHAIN = ("(a) whole-table script", "(b) one-shard sidecar-ops run",
+                      "(c) one-shard sidecar-ops run --task-per-operation")
 
 
 def peak_script(case, out: str) -> float:
@@ -46,8 +46,8 @@ def run(data: Path, size: dict) -> list[Row]:
         case = make_case(data / f"w9-{n}", 1, n)
         note = f"1 shard x {n:,} rows, {case.bytes_on_disk() / 2**20:.0f} MiB base"
         for name, measure in ((SCRIPT, lambda out: peak_script(case, out)),
-                              (RUN, lambda out: peak_run(case, out, home, "--fuse-operations")),
-                              (CHAIN, lambda out: peak_run(case, out, home))):
+                              (RUN, lambda out: peak_run(case, out, home)),
+                              (CHAIN, lambda out: peak_run(case, out, home, "--task-per-operation"))):
             out = case.output({SCRIPT: "script", RUN: "fused", CHAIN: "chain"}[name])
             peaks[name, n] = measure(out)
             check_rows(case, out, name)

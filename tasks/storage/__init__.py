@@ -8,6 +8,7 @@ checksum or time its listing gives). Outputs go only to backends that write atom
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
@@ -152,6 +153,7 @@ def list_prefix(prefix: str) -> Listing:
     shards, ids, others = {}, {}, []
     for rel, size, ident in sorted(found):
         if rel.endswith(".parquet"):
+            rel = sys.intern(rel)  # one string per relpath across the base's, each source's and the output's listing
             shards[rel], ids[rel] = size, ident
         else:
             others.append(rel)

@@ -1,7 +1,8 @@
 """Test hooks for child `sidecar-ops` processes (on PYTHONPATH only in tests that ask for it).
 
-SIDECAR_OPS_TEST_BARRIER=DIR: every base read first waits until SIDECAR_OPS_TEST_PARTIES processes have
-reached one (a file per process in DIR), so concurrent runs start their shard work together.
+SIDECAR_OPS_TEST_BARRIER=DIR: every base read (merge.read_base in the chain, merge.open_shard in one task a
+shard) first waits until SIDECAR_OPS_TEST_PARTIES processes have reached one (a file per process in DIR), so
+concurrent runs start their shard work together.
 
 SIDECAR_OPS_TEST_HOLD=DIR: the SIDECAR_OPS_TEST_HOLD_AT-th base read of the process (1-based) creates
 DIR/held and waits until DIR/release exists (forever if it never does): the test then knows exactly which
@@ -22,7 +23,6 @@ if os.environ.get("SIDECAR_OPS_TEST_BARRIER") or os.environ.get("SIDECAR_OPS_TES
 
     from tasks import merge
 
-    _real_read_base = merge.read_base
     _lock = threading.Lock()
 
     def wait_for(condition, deadline=None):
@@ -59,7 +59,7 @@ if os.environ.get("SIDECAR_OPS_TEST_BARRIER") or os.environ.get("SIDECAR_OPS_TES
         announce(folder, f"{os.getpid()} {relpath}")
         return True
 
-    def read_base(job, relpath):
+    def before_base_read(relpath):
         if folder := os.environ.get("SIDECAR_OPS_TEST_BARRIER"):
             parties = int(os.environ["SIDECAR_OPS_TEST_PARTIES"])
             open(os.path.join(folder, f"ready-{os.getpid()}"), "w").close()
@@ -69,9 +69,18 @@ if os.environ.get("SIDECAR_OPS_TEST_BARRIER") or os.environ.get("SIDECAR_OPS_TES
             hold(relpath)
         if os.environ.get("SIDECAR_OPS_TEST_HOLD_ARMED") and claim(relpath):
             wait_for(lambda: os.path.exists(os.path.join(os.environ["SIDECAR_OPS_TEST_HOLD"], "release")))
+
+    _real_read_base, _real_open_shard = merge.read_base, merge.open_shard
+
+    def read_base(job, relpath):  # the task-per-operation chain's first step
+        before_base_read(relpath)
         return _real_read_base(job, relpath)
 
-    merge.read_base = read_base
+    def open_shard(job, relpath, *args, **kwargs):  # a shard in one task (the default layout)
+        before_base_read(relpath)
+        return _real_open_shard(job, relpath, *args, **kwargs)
+
+    merge.read_base, merge.open_shard = read_base, open_shard
 
     if os.environ.get("SIDECAR_OPS_TEST_HOLD_WRITE_AT"):
         from tasks.storage.local import LocalBackend
