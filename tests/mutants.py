@@ -91,8 +91,12 @@ MUTANTS = [
            (W + "test_only_io_trouble_is_retried",)),
     # ------------------------------------------------------------ clean failure
     Mutant("F1", "Clean failure when storage is down", "a write failure not named by shard and object",
+           "tasks/merge.py", '        raise _fail(relpath, f"writing {uri}", exc) from exc',
+           "        raise", (BAD + "[access-denied-writing-the-output]",
+                            "tests/test_merge_kernel.py::test_failed_local_write_leaves_no_temp_file[streamed]")),
+    Mutant("F2", "Clean failure when storage is down", "the chain's write failure not named by shard and object",
            "tasks/merge.py", '        raise _fail(relpath, f"writing {job.output_uri(relpath)}", exc) from exc',
-           "        raise", (BAD + "[access-denied-writing-the-output]",)),
+           "        raise", ("tests/test_merge_kernel.py::test_failed_local_write_leaves_no_temp_file[chain]",)),
     # ------------------------------------------------------------ no writes outside
     Mutant("W1", "No writes outside the output prefix", "check_relpath accepts '..', '.', empty segments",
            "tasks/storage/__init__.py",
@@ -111,10 +115,14 @@ MUTANTS = [
            (BAD + "[output-inside-base]", BAD + "[output-inside-source]")),
     # ------------------------------------------------------------ read-only inputs
     Mutant("B1", "Base and sources are read-only", "the merged shard written over the base shard",
+           "tasks/merge.py", "    uri, key = job.output_uri(relpath), job.pipeline.dataset.key_column",
+           "    uri, key = job.base_uri(relpath), job.pipeline.dataset.key_column",
+           (BAD + "[non-parquet-objects-ignored]",)),
+    Mutant("B2", "Base and sources are read-only", "the chain's last step writes over the base shard",
            "tasks/merge.py", "        written = storage.write_atomic(table.replace_schema_metadata(meta), "
            "job.output_uri(relpath),",
            "        written = storage.write_atomic(table.replace_schema_metadata(meta), job.base_uri(relpath),",
-           (BAD + "[non-parquet-objects-ignored]",)),
+           ("tests/test_fused.py::test_fused_run_equals_the_chain_and_records_one_task_per_shard",)),
     # ------------------------------------------------------------ alignment
     Mutant("L1", "Alignment asserted per shard", "key comparison skipped in the merge op",
            "tasks/ops/alignment.py", "        return self.count > 0", "        return False",

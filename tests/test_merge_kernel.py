@@ -13,7 +13,8 @@ from core_fixtures import (aes_op, build, dqm_op, expected_output, objects, read
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.errors import ShardError
-from tasks.merge import PROVENANCE_KEY, Job, merge_shard, read_provenance, tool_version
+from tasks.merge import (PROVENANCE_KEY, Job, apply_step, merge_shard, read_base, read_provenance, tool_version,
+                         write_output)
 from tasks.demo import relpaths
 
 REL = relpaths(3)
@@ -292,14 +293,23 @@ def test_corrupt_source_shard_names_it(tmp_path, root):
 
 # ----------------------------------------------------------------- atomic writes
 
-def test_failed_local_write_leaves_no_temp_file(tmp_path):
+def chain(job: Job, relpath: str):
+    """The --task-per-operation layout's kernel calls, in one process: the whole table from step to step."""
+    state = read_base(job, relpath)
+    for index in range(len(job.pipeline.operations)):
+        state = apply_step(job, relpath, index, state)
+    return write_output(job, relpath, state)
+
+
+@pytest.mark.parametrize("merge", [merge_shard, chain], ids=["streamed", "chain"])
+def test_failed_local_write_leaves_no_temp_file(tmp_path, merge):
     # a pipeline whose output passes its own checks, so the write itself is reached (a DQM-only pipeline
     # declaring every extension failed before writing: this test then held nothing)
     setup = build(tmp_path, str(tmp_path / "data") + "/")
     target = setup.output + REL[0]
     os.makedirs(target)  # the final name is taken by a directory: the rename must fail
     with pytest.raises(ShardError, match=f"shard {REL[0]}: writing {target}: IsADirectoryError"):
-        merge_shard(job_for(setup), REL[0])
+        merge(job_for(setup), REL[0])
     leftovers = [p for p in objects(setup.output)]
     assert leftovers == [], leftovers
     assert not any(storage.TEMP_MARK in name for name in os.listdir(os.path.dirname(target)))
