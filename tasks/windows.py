@@ -1,10 +1,12 @@
 """A parquet file's rows as consecutive windows of any size, whatever its row groups.
 
 The streaming merge reads the base and every sibling in lockstep, `take(n)` rows at a time; their row groups
-need not line up, so each reader decodes batches as it goes and keeps only the rows not yet taken. It asks
-pyarrow for one row group at a time: pyarrow pre-buffers (reads ahead, in as few requests as it can) every
-row group it is asked for at once, which for the whole file would hold all its column chunks. Memory holds
-about a window, a batch being decoded and one row group's column chunks, never the file.
+need not line up, so each reader keeps only the rows not yet taken. A row group that fits in the rows still wanted
+is read whole (one call, one chunk a column: the common case, windows following the base's row groups); a larger
+one is decoded in batches as it goes. Either way pyarrow is asked for one row group at a time: it pre-buffers
+(reads ahead, in as few requests as it can) every row group it is asked for at once, which for the whole file
+would hold all its column chunks. Memory holds about a window, a batch being decoded and one row group's column
+chunks, never the file.
 """
 from __future__ import annotations
 
@@ -27,18 +29,37 @@ class RowWindows:
     def __init__(self, pf: pq.ParquetFile, columns: list[str], window_rows: int):
         self.schema = pa.schema([pf.schema_arrow.field(c) for c in columns], metadata=pf.schema_arrow.metadata)
         self.rows = pf.metadata.num_rows
-        self._batches = batches(pf, columns, min(window_rows, BATCH_ROWS))
+        self._pf, self._columns, self._batch_rows = pf, columns, max(1, min(window_rows, BATCH_ROWS))
+        self._group = 0                                       # the next row group not yet started
+        self._batches: Iterator[pa.RecordBatch] = iter(())    # the rest of a row group being decoded in batches
         self._held: list[pa.RecordBatch] = []
         self._held_rows = 0
+
+    def _more(self, wanted: int) -> list[pa.RecordBatch]:
+        """The next rows: the next batch of the row group being decoded, else the next row group, read whole
+        when it fits in the `wanted` rows (one call, one chunk: the common case of windows that follow the row
+        groups) or else decoded in batches. [] at the end of the file."""
+        while True:
+            batch = next(self._batches, None)
+            if batch is not None:
+                return [batch]
+            if self._group >= self._pf.metadata.num_row_groups:
+                return []
+            group, self._group = self._group, self._group + 1
+            rows = self._pf.metadata.row_group(group).num_rows
+            if 0 < rows <= wanted:
+                return self._pf.read_row_group(group, columns=self._columns).to_batches()
+            self._batches = self._pf.iter_batches(batch_size=self._batch_rows, row_groups=[group],
+                                                  columns=self._columns, use_threads=True)
 
     def take(self, n: int) -> pa.Table:
         """The next `n` rows (fewer only at the end of the file)."""
         while self._held_rows < n:
-            batch = next(self._batches, None)
-            if batch is None:
+            more = self._more(n - self._held_rows)
+            if not more:
                 break
-            self._held.append(batch)
-            self._held_rows += batch.num_rows
+            self._held += more
+            self._held_rows += sum(batch.num_rows for batch in more)
         table = pa.Table.from_batches(self._held, schema=self.schema)
         taken, rest = table.slice(0, n), table.slice(n)
         self._held, self._held_rows = rest.to_batches(), rest.num_rows

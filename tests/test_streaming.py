@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -107,6 +108,26 @@ def test_streamed_equals_whole_across_window_boundaries(case):
             _, table, meta_keys, row_groups, prov = streamed
             assert table.equals(expected[1]) and table.schema.equals(expected[1].schema)
             assert (meta_keys, row_groups, prov) == expected[2:]
+
+
+@pytest.mark.parametrize("windows", [[4, 4, 4, 4, 4], [2, 3, 9, 6], [1, 19], [20], [7, 13]])
+def test_row_windows_give_the_file_in_order_whatever_its_row_groups(tmp_path, windows):
+    """Row groups of 3, 0 (an empty one), 5, 1 and 11 rows taken in windows that split them, join them or match
+    them: the windows are the file's rows in order, and one that is exactly a row group comes as one chunk."""
+    table = pa.table({"k": [f"key-{i:02d}" for i in range(20)], "v": list(range(20))})
+    path = str(tmp_path / "f.parquet")
+    with pq.ParquetWriter(path, table.schema) as writer:
+        start = 0
+        for rows in (3, 0, 5, 1, 11):
+            writer.write_table(table.slice(start, rows))
+            start += rows
+    reader = RowWindows(pq.ParquetFile(path), ["k", "v"], window_rows=max(windows))
+    got = [reader.take(n) for n in windows]
+    assert [w.num_rows for w in got] == windows
+    assert pa.concat_tables(got).equals(table)
+    assert reader.take(5).num_rows == 0
+    whole = RowWindows(pq.ParquetFile(path), ["k", "v"], window_rows=3).take(3)
+    assert whole.column("k").num_chunks == 1 and whole.equals(table.slice(0, 3))
 
 
 def test_the_first_bad_row_is_named_in_the_shard_not_in_its_window(tmp_path):
