@@ -383,15 +383,23 @@ def read_provenance(metadata: pq.FileMetaData) -> dict | None:
 
 
 def same_keys(base: pa.ChunkedArray, written: Iterator[pa.Array]) -> bool:
-    """Whether the written keys, read a batch at a time, equal the base's (as many, equal where both are set)."""
+    """Whether the written keys, read a batch at a time, equal the base's: as many, each equal to the base's
+    value at its row, a null only where the base's is null (a faithful copy of the base's keys)."""
     offset = 0
     for batch in written:
         if offset + len(batch) > len(base):
             return False
-        if not pc.all(pc.equal(base.slice(offset, len(batch)), batch), min_count=0).as_py():
+        if not same_values(base.slice(offset, len(batch)), batch):
             return False
         offset += len(batch)
     return offset == len(base)
+
+
+def same_values(a, b) -> bool:
+    """Equal element by element, a null equal to a null only: pc.equal is null, and pc.all skips it, where
+    either side is null."""
+    equal = pc.fill_null(pc.equal(a, b), False)
+    return pc.all(pc.or_(equal, pc.and_(pc.is_null(a), pc.is_null(b))), min_count=0).as_py()
 
 
 def verify_output(job: Job, relpath: str, stats: ShardStats, payload: pa.Buffer | None = None,
