@@ -9,6 +9,9 @@ import uuid
 
 import pytest
 
+# The two tiers and the guard of the fast one (a test without a heavy marker starts no process).
+pytest_plugins = ("pytester", "tier_guard")
+
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -64,7 +67,8 @@ def root(request, tmp_path):
 
 @pytest.fixture(scope="session")
 def prefect_api():
-    """One real local Prefect API for the whole session."""
+    """One real local Prefect API for the whole session: a server subprocess, started once, which the fast tier
+    may use by name (tests/tier_guard.py, ALLOWED_FIXTURES)."""
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
@@ -117,58 +121,3 @@ def run(cli, prefect_api):
         finally:
             release_console_handlers()
     return go
-
-
-# ----------------------------------------------------------------- the two tiers
-
-HEAVY = ("slow", "ray", "cluster", "postgres", "ui")
-# What a fast test may not start: servers, Ray, PostgreSQL, browsers, network namespaces, or a `sidecar-ops`
-# run or verify (each starts a Prefect server of its own). A dry run starts none and is allowed.
-HEAVY_COMMANDS = ("flows.apiserver", "prefect.server", "uvicorn", "ray", "initdb", "pg_ctl", "postgres",
-                  "chromium", "netns", "prefect")
-CLI_COMMANDS = ("flows.cli", "sidecar-ops", "flows/merge.py", "flows/verify.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if not any(item.get_closest_marker(name) for name in HEAVY):
-            item.add_marker(pytest.mark.fast)
-
-
-def heavy_command(args) -> str | None:
-    """Why a command is too heavy for the fast tier, or None."""
-    words = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
-    words = [os.fspath(w) if not isinstance(w, bytes) else w.decode() for w in words]
-    line = " ".join(words)
-    names = {os.path.basename(w) for w in words[:1]} | set(words[1:3])
-    if any(name in HEAVY_COMMANDS or name.startswith(HEAVY_COMMANDS) for name in names):
-        return line
-    runs_cli = any(w in CLI_COMMANDS or w.endswith(CLI_COMMANDS) for w in words)
-    if runs_cli and "--dry-run" not in words and "--help" not in words:
-        return line
-    return None
-
-
-@pytest.fixture(autouse=True)
-def fast_tier_guard(request, monkeypatch):
-    """A test of the fast tier that starts something heavy fails, naming the marker it needs: the tier is a
-    checked property, not a convention."""
-    if not request.node.get_closest_marker("fast"):
-        yield
-        return
-    import subprocess
-
-    real_init = subprocess.Popen.__init__
-
-    def guarded(self, args, *rest, **kw):
-        if heavy := heavy_command(args):
-            pytest.fail(f"a fast test starts `{heavy[:120]}`: mark it with one of {HEAVY}", pytrace=False)
-        real_init(self, args, *rest, **kw)
-
-    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
-    yield
-    import sys
-
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        pytest.fail(f"a fast test started Ray: mark it with one of {HEAVY}", pytrace=False)
