@@ -16,7 +16,8 @@ HERE = Path(__file__).parent
 FAKE_RAY = "#!/bin/sh\ntouch started\n"
 MARKERS = f"mark it with one of {', '.join(HEAVY)}"
 
-# Every way around the guard issue 26 found (and fork): the inner test file, and the command the failure names.
+# Every way around the old guard issue 26 found, fork, and multiprocessing's spawn start method (no audit event of
+# its own): the inner test file, and the command the failure names.
 BYPASSES = {
     "module_fixture": ("""
 import subprocess
@@ -73,6 +74,15 @@ def test_it():
         os._exit(0)
     os.waitpid(pid, 0)
 """, "os.fork()"),
+    "multiprocessing_spawn": ("""
+import multiprocessing
+import os
+
+def test_it():
+    process = multiprocessing.get_context("spawn").Process(target=os.system, args=("./ray start",))
+    process.start()
+    process.join()
+""", "-c from multiprocessing."),   # its resource tracker or its child, whichever starts first
 }
 
 
@@ -111,6 +121,19 @@ def test_it():
 """)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*a fast test starts `./ray start`: {MARKERS}"])
+
+
+def test_a_fast_test_that_connects_to_ray_fails(pytester):
+    """Ray initialized in a fast test without a process of its own (as joining a running cluster would be)."""
+    result = inner_session(pytester, """
+import sys
+import types
+
+def test_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: True))
+""")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*a fast test started Ray: {MARKERS}"])
 
 
 def test_a_heavy_test_and_the_allowed_fixture_may_start_processes(pytester):
