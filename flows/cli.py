@@ -67,9 +67,12 @@ def parser() -> argparse.ArgumentParser:
                         help="resume: keep output shards already complete for this pipeline (default)")
     resume.add_argument("--overwrite", dest="overwrite", action="store_true",
                         help="recompute every shard, replacing existing outputs")
+    resume.add_argument("--continue-overwrite", metavar="ID", default=None,
+                        help="continue an interrupted --overwrite (ID: what its summary prints): keep the outputs it "
+                        "wrote, recompute every other one")
     resume.add_argument("--overwrite-before", metavar="TIME", default=None,
                         help="recompute only outputs written by runs started before TIME (ISO 8601, UTC unless it "
-                        "names a zone): continues an interrupted --overwrite, whose summary prints the TIME")
+                        "names a zone), by the clock of the machine that ran each (skew moves the line)")
     run.add_argument("--fail-fast", action="store_true", help="stop submitting shards after the first failure")
     run.add_argument("--grace-seconds", type=float, default=DEFAULT_GRACE, help="after a first Ctrl-C or SIGTERM, "
                      f"how long shards in flight may take to finish before they are abandoned (default "
@@ -109,6 +112,7 @@ def run_config(args, command: str):
                             runner=runner, max_inflight=args.max_inflight or DEFAULT_MAX_INFLIGHT,
                             overwrite=args.overwrite, fail_fast=args.fail_fast, retries=args.retries,
                             fuse_operations=args.fuse_operations, overwrite_before=args.overwrite_before,
+                            continue_overwrite=args.continue_overwrite,
                             grace_seconds=args.grace_seconds)
     if config.new_output:
         print(f"NOTE: no --output-prefix given; writing to a NEW prefix {config.output_prefix}\n"
@@ -126,7 +130,8 @@ def cmd_run(args) -> int:
         from tasks.dryrun import dry_run
 
         return dry_run(config.pipeline, config.output_prefix, samples=20 if args.samples is None else args.samples,
-                       overwrite=config.overwrite, overwrite_before=config.overwrite_before)
+                       overwrite=config.overwrite, overwrite_before=config.overwrite_before,
+                       continue_overwrite=config.continue_overwrite)
     from flows.launch import run_merge
 
     return run_merge(config, keep_history=args.keep_run_history)

@@ -17,7 +17,7 @@ from flows.artifacts import ProgressArtifact, publish_summary
 from flows.runconfig import DEFAULT_MAX_INFLIGHT, DEFAULT_RETRIES, RunConfig, RunnerChoice
 from flows.interrupt import DEFAULT_GRACE, Stop, handling
 from flows.scheduler import Window, make_runner, run_window
-from tasks.merge import Job, now_utc
+from tasks.merge import Job, now_utc, overwrite_fields
 from tasks.plan import Plan, make_plan, refuse_foreign, refuse_unmatched
 from tasks.prefect_tasks import fused_shard, merge_step
 from tasks.progress import Progress
@@ -90,16 +90,18 @@ def merge_flow(pipeline: str, output_prefix: str, overwrite: bool = False,
                retries: int = DEFAULT_RETRIES, use_ray: bool = False, ray_address: str | None = None,
                task_cpus: float | None = None, task_memory_gb: float | None = None,
                fuse_operations: bool = True, debug: bool = False, max_workers: int | None = None,
-               overwrite_before: str | None = None, grace_seconds: float = DEFAULT_GRACE) -> Summary:
+               overwrite_before: str | None = None, grace_seconds: float = DEFAULT_GRACE,
+               continue_overwrite: str | None = None) -> Summary:
     """Merge every shard of PIPELINE's base sidecar with its score sidecars into `output_prefix`.
-    `overwrite` recomputes every shard; otherwise complete outputs are kept (resume). `overwrite_before`
-    (a UTC ISO time) recomputes only outputs written by runs started before it: it continues an interrupted
-    overwrite that started then."""
+    `overwrite` recomputes every shard; otherwise complete outputs are kept (resume). `continue_overwrite`
+    (the id an interrupted overwrite's summary prints) keeps the outputs that overwrite wrote and recomputes
+    every other one. `overwrite_before` (an ISO time) recomputes only outputs written by runs started before
+    it (by the clocks of the machines that ran them)."""
     runner = RunnerChoice(use_ray, ray_address, task_cpus, task_memory_gb, max_workers, debug)
     config = RunConfig.load(pipeline, output_prefix, datasets_dir, writes=True, runner=runner,
                             max_inflight=max_inflight, overwrite=overwrite, fail_fast=fail_fast, retries=retries,
                             fuse_operations=fuse_operations, overwrite_before=overwrite_before,
-                            grace_seconds=grace_seconds)
+                            grace_seconds=grace_seconds, continue_overwrite=continue_overwrite)
     return merge(config)
 
 
@@ -114,10 +116,10 @@ def merge(config: RunConfig) -> Summary | State:
 def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
     logger = get_run_logger()
     start = time.monotonic()
-    started = now_utc()
-    job = Job(config.pipeline, config.output_prefix, run_id=run_id(), overwrite=config.overwrite, started=started,
-              overwrite_before=(config.overwrite_before or started) if config.overwrite else "",
-              fetch_ahead=steps_share_a_process(config))
+    started, this_run = now_utc(), run_id()
+    job = Job(config.pipeline, config.output_prefix, run_id=this_run, started=started,
+              fetch_ahead=steps_share_a_process(config),
+              **overwrite_fields(config.overwrite, this_run, config.continue_overwrite, config.overwrite_before))
     plan = make_plan(job, overwrite=config.overwrite)
     refuse_unmatched(plan)
     if not config.overwrite:
@@ -127,7 +129,7 @@ def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
                     config.output_prefix)
     summary = Summary(config.output_prefix, total=len(plan.shards), skipped=len(plan.complete),
                       stale_shards=[rel for rel, _ in plan.stale])
-    summary.overwrite_before = job.overwrite_before
+    summary.continue_with = continuation(job)
     log_plan(logger, plan, summary)
     progress = Progress("merge", summary.total)
     progress.update(skipped=summary.skipped)
@@ -154,6 +156,16 @@ def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
     if not summary.ok:
         raise RunFailed(summary)
     return summary
+
+
+def continuation(job: Job) -> str:
+    """The option that continues this run if it is an overwrite and does not finish: the same TIME for one
+    asked for by time, else this overwrite's id (nothing that compares two machines' clocks)."""
+    if not job.overwrite:
+        return ""
+    if job.overwrite_before:
+        return f"--overwrite-before {job.overwrite_before}"
+    return f"--continue-overwrite {job.overwrite_id}"
 
 
 def log_plan(logger, plan, summary: Summary) -> None:

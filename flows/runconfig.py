@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+import uuid
 from datetime import datetime, timezone
 
 from flows.interrupt import DEFAULT_GRACE
@@ -49,6 +50,7 @@ class RunConfig:
     # merge
     overwrite: bool = False          # recompute every shard (else resume: keep complete outputs)
     overwrite_before: str | None = None  # recompute shards written by runs started before this (UTC ISO time)
+    continue_overwrite: str | None = None  # continue the interrupted overwrite of this id (its first run's id)
     fail_fast: bool = False
     grace_seconds: float = DEFAULT_GRACE  # after a first SIGINT/SIGTERM, for shards in flight
     retries: int = DEFAULT_RETRIES
@@ -74,8 +76,12 @@ class RunConfig:
             except ValueError as exc:
                 raise ConfigError(f"--output-prefix: {exc}") from None
         config = cls(pipeline, output, os.path.abspath(pipeline_file), datasets_dir, new_output, **options)
+        if config.overwrite_before is not None and config.continue_overwrite is not None:
+            raise ConfigError("--continue-overwrite and --overwrite-before: give one of them")
         if config.overwrite_before is not None:
             config = replace(config, overwrite=True, overwrite_before=utc_time(config.overwrite_before))
+        if config.continue_overwrite is not None:
+            config = replace(config, overwrite=True, continue_overwrite=overwrite_id(config.continue_overwrite))
         for name, least in (("max_inflight", 1), ("retries", 0), ("samples", 0), ("grace_seconds", 0)):
             if getattr(config, name) < least:
                 flag = "--" + name.replace("_", "-")
@@ -89,6 +95,7 @@ class RunConfig:
                   "datasets_dir": self.datasets_dir, "use_ray": r.use_ray, "ray_address": r.ray_address,
                   "task_cpus": r.task_cpus, "task_memory_gb": r.task_memory_gb, "max_inflight": self.max_inflight,
                   "debug": r.debug, "overwrite": self.overwrite, "overwrite_before": self.overwrite_before,
+                  "continue_overwrite": self.continue_overwrite,
                   "fail_fast": self.fail_fast, "grace_seconds": self.grace_seconds,
                   "retries": self.retries, "fuse_operations": self.fuse_operations, "samples": self.samples,
                   "all_shards": self.all_shards, "seed": self.seed}
@@ -121,3 +128,12 @@ def utc_time(text: str) -> str:
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return when.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
+def overwrite_id(text: str) -> str:
+    """The id of an overwrite to continue: the UUID an interrupted --overwrite's summary prints."""
+    try:
+        return str(uuid.UUID(text.strip()))
+    except ValueError:
+        raise ConfigError(f"--continue-overwrite: {text!r} is not an overwrite id (the UUID an interrupted "
+                          "--overwrite's summary prints)") from None

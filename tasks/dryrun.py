@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from tasks.config import Pipeline
-from tasks.merge import Job, now_utc
+from tasks.merge import Job, now_utc, overwrite_fields
 from tasks.plan import inspect_schemas, make_plan
 
 SHOW = 5
@@ -16,11 +16,10 @@ def _some(items: list[str]) -> str:
 
 
 def dry_run(pipeline: Pipeline, output_prefix: str, samples: int = 20, overwrite: bool = False,
-            out=None, overwrite_before: str | None = None) -> int:
+            out=None, overwrite_before: str | None = None, continue_overwrite: str | None = None) -> int:
     out = out or sys.stdout
-    started = now_utc()
-    job = Job(pipeline, output_prefix, overwrite=overwrite, started=started,
-              overwrite_before=(overwrite_before or started) if overwrite else "")
+    job = Job(pipeline, output_prefix, started=now_utc(),
+              **overwrite_fields(overwrite, "", continue_overwrite, overwrite_before))
     plan = make_plan(job, overwrite=overwrite)
     ds = pipeline.dataset
     problems: list[str] = []
@@ -56,7 +55,7 @@ def dry_run(pipeline: Pipeline, output_prefix: str, samples: int = 20, overwrite
     if plan.broken:
         say(f"outputs to recompute (untrusted): {_some([f'{r} ({why})' for r, why in plan.broken])}")
     if plan.replaced:
-        say(f"outputs to recompute (written before --overwrite-before): {len(plan.replaced)}: "
+        say(f"outputs to recompute ({plan.replaced[0][1]}): {len(plan.replaced)}: "
             f"{_some([r for r, _ in plan.replaced])}")
     if plan.foreign and not overwrite:
         problems.append(f"{len(plan.foreign)} existing output(s) were written by a different pipeline: "

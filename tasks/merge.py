@@ -37,10 +37,6 @@ MERGE_SEMANTICS_VERSION = 2
 PER_RUN_FIELDS = ("run_id", "run_started", "written_at")
 
 
-def utc(text: str) -> datetime:
-    return datetime.fromisoformat(text)
-
-
 def now_utc() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
@@ -59,17 +55,24 @@ class Job:
     pipeline: Pipeline
     output_prefix: str
     run_id: str = ""         # recorded in provenance: tells this run's outputs from earlier runs' ones
-    overwrite: bool = False  # this run replaces existing outputs written before `overwrite_before`
+    overwrite: bool = False  # this run replaces existing outputs, but those of the overwrite it belongs to
     started: str = ""        # when this run started (UTC ISO, the driver's clock), recorded in provenance
-    overwrite_before: str = ""  # with overwrite: this run's start, or the start of the run it continues
+    overwrite_id: str = ""   # with overwrite: recorded in provenance; the id of the first run of this overwrite
+    continues: bool = False  # with overwrite: it continues an interrupted one (--continue-overwrite ID)
+    overwrite_before: str = ""  # with overwrite, by hand: outputs of runs started at or after it are kept too
     fetch_ahead: bool = True  # the shard's first step fetches every input at once (its later steps run in the
                               # same process: one thread pool, or one fused task)
 
     def kept_by_overwrite(self, prov: dict) -> bool:
-        """Whether an existing output (its provenance) counts as done in an overwrite run: written by a run
-        that started at or after `overwrite_before` (this one, or an interrupted --overwrite it continues)."""
-        written = prov.get("run_started")
-        return bool(written) and bool(self.overwrite_before) and utc(written) >= utc(self.overwrite_before)
+        """Whether an existing output (its provenance) counts as done in an overwrite run: written by this
+        overwrite (its id: this run, an interrupted run it continues, or an earlier attempt of either), or, with
+        --overwrite-before TIME, by a run that recorded a start at or after TIME (two clocks compared: a
+        start without a zone is not trusted)."""
+        if self.overwrite_id and prov.get("overwrite_id") == self.overwrite_id:
+            return True
+        started = parse_time(prov.get("run_started") or "")
+        before = parse_time(self.overwrite_before)
+        return bool(started and before and started.tzinfo and started >= before)
 
     @property
     def fingerprint(self) -> str:
@@ -206,7 +209,7 @@ def provenance(job: Job, relpath: str, records: list[dict], inputs: dict, rows: 
             "source_inference": ds.source_inference, "operations": records,
             "inputs": inputs, "input_key": shard_key(job.fingerprint, relpath, inputs),
             "rows": rows, "merge_semantics": MERGE_SEMANTICS_VERSION, "run_id": job.run_id,
-            "run_started": job.started,
+            "run_started": job.started, **({"overwrite_id": job.overwrite_id} if job.overwrite else {}),
             "tool": "sidecar-ops", "tool_version": tool_version(),
             "written_at": now_utc()}
 
@@ -373,13 +376,64 @@ def _step(job: Job, relpath: str, index: int, call):
 
 
 def read_provenance(metadata: pq.FileMetaData) -> dict | None:
+    """An output's provenance, None when it has none or none this tool could have written (provenance_of)."""
+    return provenance_of(metadata)[0]
+
+
+# Provenance fields and their JSON types: `fingerprint` must be there, the others may be absent (an older
+# version did not record them) or null, but never of another type.
+PROVENANCE_FIELDS = {"fingerprint": str, "input_key": str, "inputs": dict, "rows": int, "operations": list,
+                     "merge_semantics": int, "run_id": str, "run_started": str, "overwrite_id": str}
+
+
+def provenance_of(metadata: pq.FileMetaData) -> tuple[dict | None, str]:
+    """(provenance, "") or (None, why an output has none this tool could have written): no `sidecar_ops`
+    metadata, not a JSON object, or a field missing or of another type."""
     raw = (metadata.metadata or {}).get(PROVENANCE_KEY)
     if raw is None:
-        return None
+        return None, "no sidecar_ops provenance"
     try:
-        return json.loads(raw)
+        prov = json.loads(raw)
+    except ValueError:
+        return None, "sidecar_ops provenance is not JSON"
+    problem = provenance_problem(prov)
+    return (None, f"sidecar_ops provenance malformed: {problem}") if problem else (prov, "")
+
+
+def provenance_problem(prov) -> str:
+    if not isinstance(prov, dict):
+        return f"a JSON {type(prov).__name__}, not an object"
+    if prov.get("fingerprint") is None:
+        return "no fingerprint"
+    for name, kind in PROVENANCE_FIELDS.items():
+        value = prov.get(name)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            return f"{name} is a JSON {type(value).__name__}, not a {kind.__name__}"
+    inputs = prov.get("inputs") or {}
+    if not isinstance(inputs.get("base", ""), str) or not isinstance(inputs.get("operations", []), list):
+        return "inputs is not {base: str, operations: list}"
+    if not all(isinstance(record, dict) for record in prov.get("operations") or []):
+        return "operations holds a record that is not an object"
+    if prov.get("run_started") and parse_time(prov["run_started"]) is None:
+        return f"run_started {prov['run_started']!r} is not an ISO 8601 time"
+    return ""
+
+
+def parse_time(text: str) -> datetime | None:
+    """An ISO 8601 time (with its zone, if it names one); None for anything else."""
+    try:
+        return datetime.fromisoformat(text) if isinstance(text, str) and text else None
     except ValueError:
         return None
+
+
+def overwrite_fields(overwrite: bool, run_id: str, continue_overwrite: str | None = None,
+                     overwrite_before: str | None = None) -> dict:
+    """The Job fields of a run's overwrite: its id (this run's, or that of the overwrite it continues)."""
+    if not overwrite:
+        return {}
+    return {"overwrite": True, "overwrite_id": continue_overwrite or run_id, "continues": bool(continue_overwrite),
+            "overwrite_before": overwrite_before or ""}
 
 
 def same_keys(base: pa.ChunkedArray, written: Iterator[pa.Array]) -> bool:

@@ -6,9 +6,11 @@ base and siblings (merge.shard_key over the listings). No markers, no manifests,
 An existing output is one of:
   complete  current: kept
   stale     made from other inputs (a source or the base changed, or an older version wrote it): recomputed
-  foreign   written by a different pipeline (another fingerprint, or no provenance): the run refuses
+  foreign   written by a different pipeline (another fingerprint), or no provenance this tool could have written
+            (none, not a JSON object, a field missing or of another type): the run refuses (--overwrite replaces it)
   broken    unreadable, or a row count different from the one recorded: recomputed
-  replaced  (an overwrite continued with --overwrite-before) written before that time: recomputed
+  replaced  (an overwrite continued: --continue-overwrite ID, or --overwrite-before TIME) not written by that
+            overwrite (or, by TIME, by a run started before it): recomputed
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import pyarrow as pa
 
 from tasks import storage
 from tasks.errors import ConfigError, ShardError
-from tasks.merge import Job, check_extensions, read_provenance, shard_inputs, shard_key
+from tasks.merge import Job, check_extensions, provenance_of, read_provenance, shard_inputs, shard_key
 from tasks.ops import ABSENT, NO_INPUT, History, Input, Status, Step
 
 FOOTER_THREADS = 32
@@ -36,7 +38,7 @@ class Plan:
     stale: list[tuple[str, str]] = field(default_factory=list)    # (relpath, which inputs changed)
     foreign: list[tuple[str, str]] = field(default_factory=list)  # (relpath, their fingerprint)
     broken: list[tuple[str, str]] = field(default_factory=list)   # (relpath, why it is not trusted)
-    replaced: list[tuple[str, str]] = field(default_factory=list)  # (relpath, written before --overwrite-before)
+    replaced: list[tuple[str, str]] = field(default_factory=list)  # (relpath, not written by the overwrite continued)
 
     @property
     def shards(self) -> list[str]:
@@ -143,11 +145,11 @@ def judge_output(job: Job, relpath: str, meta, inputs: dict) -> tuple[str, str]:
     """(status, detail) of an existing output shard, given its footer and the inputs it must have been made
     from. The shared decision behind resume: the planner passes inputs from listings, the shard task those
     it read. For a complete shard the detail is its row count."""
-    prov = read_provenance(meta)
+    prov, problem = provenance_of(meta)
     if prov is None:
-        return "foreign", "(no sidecar_ops provenance)"
-    if not job.pipeline.accepts(prov.get("fingerprint")):
-        return "foreign", str(prov.get("fingerprint"))
+        return "foreign", problem
+    if not job.pipeline.accepts(prov["fingerprint"]):
+        return "foreign", f"fingerprint {prov['fingerprint']}"
     if prov.get("input_key") != shard_key(prov["fingerprint"], relpath, inputs):
         return "stale", changed_inputs(prov.get("inputs"), inputs)
     if meta.num_rows != prov.get("rows"):
@@ -156,17 +158,23 @@ def judge_output(job: Job, relpath: str, meta, inputs: dict) -> tuple[str, str]:
 
 
 def output_status(job: Job, relpath: str, inputs: dict, size: int | None = None) -> tuple[str, str]:
-    """('complete'|'stale'|'foreign'|'broken', detail) for an existing output shard, from its footer only.
-    In an overwrite run an output counts as complete only when written since `job.overwrite_before`; any
-    other is 'replaced' (foreign ones included: an overwrite replaces them)."""
+    """('complete'|'stale'|'foreign'|'broken'|'replaced', detail) for an existing output shard, from its footer
+    only. In an overwrite run an output counts as complete only when that overwrite wrote it
+    (Job.kept_by_overwrite); any other is 'replaced' (foreign ones included: an overwrite replaces them)."""
     try:
         out = storage.read_footer(job.output_uri(relpath), size)
     except Exception as exc:
         return "broken", f"unreadable: {type(exc).__name__}"
     status, detail = judge_output(job, relpath, out, inputs)
     if job.overwrite and status in ("complete", "foreign") and not job.kept_by_overwrite(read_provenance(out) or {}):
-        return "replaced", f"written before {job.overwrite_before}"
+        return "replaced", replaced_why(job)
     return status, detail
+
+
+def replaced_why(job: Job) -> str:
+    if job.overwrite_before:
+        return f"written by a run started before {job.overwrite_before}"
+    return f"not written by overwrite {job.overwrite_id}"
 
 
 def list_inputs(pipeline) -> dict[str, storage.Listing]:
@@ -200,8 +208,8 @@ def make_plan(job: Job, overwrite: bool = False) -> Plan:
         raise ConfigError(f"output prefix {job.output_prefix}: {missing}")
     plan = Plan(job, base, sources, output)
     existing = [rel for rel in base.shards if rel in output.shards]
-    if overwrite and job.overwrite_before >= job.started:
-        plan.todo = list(base.shards)  # a new overwrite: nothing can have been written since it started
+    if overwrite and not (job.continues or job.overwrite_before):
+        plan.todo = list(base.shards)  # a new overwrite (or listings only): nothing existing can be its own
         return plan
     with ThreadPoolExecutor(FOOTER_THREADS) as pool:
         status = lambda rel: output_status(job, rel, plan.inputs(rel), output.shards[rel])  # noqa: E731
@@ -228,7 +236,7 @@ def refuse_foreign(plan: Plan) -> None:
         rel, theirs = plan.foreign[0]
         raise ConfigError(
             f"{len(plan.foreign)} existing output shard(s) under {plan.job.output_prefix} were written by a different "
-            f"pipeline (fingerprint {theirs}, this pipeline is {plan.job.fingerprint}), e.g. {rel}; "
+            f"pipeline or carry no valid provenance ({theirs}; this pipeline is {plan.job.fingerprint}), e.g. {rel}; "
             "use --overwrite to replace them or choose another --output-prefix")
 
 

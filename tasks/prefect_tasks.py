@@ -53,8 +53,9 @@ SHARD_TASK = dict(persist_result=False, cache_policy=NO_CACHE, retries=1, retry_
 
 def cached_output(job: Job, relpath: str, inputs: dict, rows: int) -> ShardStats | None:
     """On a retry, stats of the existing output when it is exactly what these inputs would make (same
-    fingerprint, row count and input key), else None. In an --overwrite run only an output written since it
-    started counts (or since the start of the interrupted overwrite it continues: --overwrite-before). A first attempt does not look (the plan just found no current output): no extra request per shard."""
+    fingerprint, row count and input key), else None. In an --overwrite run only an output that overwrite
+    wrote counts (Job.kept_by_overwrite: its overwrite id, carried by continuations). A first attempt does not
+    look (the plan just found no current output): no extra request per shard."""
     if task_run.run_count <= 1:
         return None  # the plan found no current output; only an earlier attempt of this task can have written it
     uri = job.output_uri(relpath)

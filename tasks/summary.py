@@ -24,7 +24,7 @@ class Summary:
     stop_reason: str | None = None  # why the run stopped early: "--fail-fast", "SIGTERM", "SIGINT"
     not_started: int = 0            # shards to do that were never submitted after the stop
     abandoned: int = 0              # shards in flight when the grace period ended (no output written)
-    overwrite_before: str = ""      # an overwrite run: what continues it (--overwrite-before)
+    continue_with: str = ""         # an overwrite run: the option that continues it (--continue-overwrite ID)
 
     def __post_init__(self, stale_shards: Iterable[str]) -> None:
         self._stale = frozenset(stale_shards)
@@ -71,9 +71,9 @@ class Summary:
 
     def resume_hint(self) -> str:
         """What to run to finish an interrupted run."""
-        if self.overwrite_before:
-            return (f"rerun with --overwrite-before {self.overwrite_before} instead of --overwrite to continue "
-                    "(shards written since then are kept, every other one is recomputed)")
+        if self.continue_with:
+            return (f"rerun with {self.continue_with} instead of --overwrite to continue (shards this overwrite "
+                    "wrote are kept, every other one is recomputed)")
         return "rerun the same command to resume (complete shards are kept)"
 
     def lines(self) -> list[str]:
@@ -87,10 +87,13 @@ class Summary:
         if self.ops_skipped:
             out.append(f"operations skipped for missing siblings (required: false): {self.ops_skipped}")
         if self.stop_reason == "--fail-fast":
-            out.append(f"stopped after the first failure (--fail-fast): {self.not_started} shards not started")
+            out.append(f"stopped after the first failure (--fail-fast): {self.not_started} shards not started"
+                       + (f"; {self.resume_hint()}" if self.continue_with else ""))
         elif self.stop_reason:
             out.append(f"interrupted by {self.stop_reason}: {self.not_started} shards not started, {self.abandoned} "
                        f"abandoned in flight (no output written for them); {self.resume_hint()}")
+        elif self.continue_with and self.failed:
+            out.append(f"the overwrite did not finish ({len(self.failed)} failed): {self.resume_hint()}")
         for rel, message in self.failed[:FAILED_LINES]:
             kept = " (its stale old output remains, not current)" if rel in self._stale else ""
             out.append(f"FAILED {rel}{kept}: {message}")

@@ -187,6 +187,12 @@ MUTANTS = [
     Mutant("S3", "Resume trusts only current outputs", "an --overwrite retry keeps the previous run's output",
            "tasks/prefect_tasks.py", "(job.overwrite and not job.kept_by_overwrite(prov))", "False",
            ("tests/test_retry_cached.py::test_overwrite_retry_never_keeps_the_previous_output",)),
+    Mutant("S4", "Resume trusts only current outputs", "the planner trusts an output whose row count differs from "
+           "the one its provenance records", "tasks/plan.py", '    if meta.num_rows != prov.get("rows"):',
+           "    if False:", ("tests/test_provenance_trust.py::test_an_output_cut_short_with_its_provenance_kept_is_recomputed",)),
+    Mutant("S5", "Resume trusts only current outputs", "provenance taken as it is (not an object, wrong-typed "
+           "fields)", "tasks/merge.py", "    problem = provenance_problem(prov)", '    problem = ""',
+           ("tests/test_provenance_trust.py::test_malformed_provenance_is_foreign_refused_then_replaced_by_overwrite",)),
     # ------------------------------------------------------------ identity
     Mutant("I1", "Input identity never newer than the data", "local identity taken by path after the open",
            "tasks/storage/local.py",
@@ -218,11 +224,20 @@ MUTANTS = [
            "            if stop.requested:\n                break\n", "",
            ("tests/test_interrupt.py::test_a_signal_stops_new_shards_finishes_the_one_in_flight_and_says_so[SIGINT]",
             "tests/test_flow_local.py::test_fail_fast_stops_submitting")),
-    Mutant("N2", "One way to be interrupted", "an interrupted --overwrite cannot be continued: nothing written "
-           "since --overwrite-before counts as done", "tasks/merge.py",
-           "        return bool(written) and bool(self.overwrite_before) and utc(written) >= utc(self.overwrite_before)",
-           "        return False",
-           ("tests/test_interrupt.py::test_an_interrupted_overwrite_continues_with_what_its_summary_says[SIGINT]",)),
+    Mutant("N2", "One way to be interrupted", "an interrupted --overwrite cannot be continued: nothing it wrote "
+           "counts as done", "tasks/merge.py",
+           "        if self.overwrite_id and prov.get(\"overwrite_id\") == self.overwrite_id:\n            return True\n",
+           "",
+           ("tests/test_interrupt.py::test_an_interrupted_overwrite_continues_with_what_its_summary_says[SIGINT]",
+            "tests/test_overwrite_continue.py::test_an_overwrite_continued_replaces_every_old_output_whatever_the_clocks")),
+    Mutant("N4", "One way to be interrupted", "--overwrite-before ignores the zone it names", "flows/runconfig.py",
+           "    return when.astimezone(timezone.utc).isoformat(timespec=\"microseconds\")",
+           "    return when.replace(tzinfo=timezone.utc).isoformat(timespec=\"microseconds\")",
+           ("tests/test_provenance_trust.py::test_overwrite_before_honours_the_zone_it_names",)),
+    Mutant("N5", "One way to be interrupted", "--overwrite-before trusts a recorded start without a zone",
+           "tasks/merge.py", "        return bool(started and before and started.tzinfo and started >= before)",
+           "        return bool(started and before and started.replace(tzinfo=before.tzinfo) >= before)",
+           ("tests/test_provenance_trust.py::test_a_run_started_without_a_zone_is_not_trusted_by_overwrite_before",)),
     Mutant("N3", "One way to be interrupted", "a signal during verify ends it with a partial report",
            "flows/verify.py", "        if stop.by_signal:\n            raise Interrupted(stop.reason)\n", "",
            ("tests/test_interrupt.py::test_a_signal_during_verify_ends_it_incomplete_not_passed",)),

@@ -3,7 +3,7 @@ Prefect API: a signal sent by a shard task itself, at a chosen shard, so nothing
 
 SIGINT and SIGTERM alike: no new shard starts, the shard in flight finishes, the summary says what was and was
 not done, the flow run ends Cancelled, exit 130; rerunning what the summary says finishes the job, and an
-interrupted --overwrite continues with --overwrite-before instead of starting over.
+interrupted --overwrite continues with --continue-overwrite ID instead of starting over.
 The same from outside the process (a real `kill`, the run's own server, a grace period that runs out):
 tests/test_interrupt_process.py.
 """
@@ -90,18 +90,18 @@ def test_an_interrupted_overwrite_continues_with_what_its_summary_says(tmp_path,
     signal_at(sig)
     code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--overwrite", "--max-inflight", "1")
     assert code == 130, err
-    hint = re.search(r"rerun with --overwrite-before (\S+) instead of --overwrite to continue", err)
+    hint = re.search(r"rerun with --continue-overwrite (\S+) instead of --overwrite to continue", err)
     assert hint, err
     interrupted = identities(setup.output)
     rewritten = [rel for rel in REL if interrupted[rel] != first[rel]]
     assert rewritten == REL[:STOP_AT]
 
-    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--overwrite-before", hint.group(1),
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--continue-overwrite", hint.group(1),
                          "--dry-run")
     assert code == 0, err
     assert f"outputs complete:       {STOP_AT}\n" in out and f"shards to process:      {SHARDS - STOP_AT}\n" in out
-    assert f"outputs to recompute (written before --overwrite-before): {SHARDS - STOP_AT}: " in out
-    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--overwrite-before", hint.group(1),
+    assert f"outputs to recompute (not written by overwrite {hint.group(1)}): {SHARDS - STOP_AT}: " in out
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--continue-overwrite", hint.group(1),
                          "--max-inflight", "1")
     assert code == 0, err
     assert summary_counts(out) == (SHARDS, SHARDS - STOP_AT, STOP_AT, 0)
@@ -110,7 +110,7 @@ def test_an_interrupted_overwrite_continues_with_what_its_summary_says(tmp_path,
     assert all(final[rel] != first[rel] for rel in REL), "every other shard is recomputed"
     assert_output_equals_inputs(setup)
 
-    code, out, _ = run(setup.pipeline, "--output-prefix", setup.output, "--overwrite-before", hint.group(1))
+    code, out, _ = run(setup.pipeline, "--output-prefix", setup.output, "--continue-overwrite", hint.group(1))
     assert code == 0 and summary_counts(out) == (SHARDS, 0, SHARDS, 0), "a finished overwrite stays finished"
 
 
