@@ -7,13 +7,17 @@ migrated by this Prefect version, with its block types registered, so no run pay
 template comes from the dump this package ships for the Prefect of constraints.txt (`flows/templates/`, rebuilt by
 `python -m flows.rundb`), or, for another Prefect version, from the first run's server, saved right after it
 migrated a new database. Before each run the template is checked (a few ms: an SQLite file that passes
-`PRAGMA quick_check`, with the tables and the migration revision the installed Prefect expects); a damaged or
-foreign one is rebuilt, or dropped for the server to migrate anew. Files of runs that were killed are removed
-by the next run on the same host, when they can be.
+`PRAGMA quick_check`, with the tables, the migration revision and, with a shipped dump, the very schema (every
+table, column, index and trigger) the installed Prefect expects); a damaged or foreign one is rebuilt, or dropped
+for the server to migrate anew. Something else in the template's place (a directory) is refused with one line
+(ConfigError). Files of runs that were killed are removed by the next run on the same host, when they can be; a
+run that fails to start leaves none of its own.
 """
 from __future__ import annotations
 
 import gzip
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -21,12 +25,14 @@ import sys
 import socket
 import sqlite3
 import uuid
-from contextlib import closing, suppress
+from collections.abc import Iterator
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
 from flows import compat
+from tasks.errors import ConfigError
 
 FOLDER = "sidecar-ops"
 SHIPPED = Path(__file__).resolve().parent / "templates"
@@ -50,10 +56,14 @@ class RunDatabase:
         self.template = self.folder / f"template-prefect-{version('prefect')}.db"
         self.path = self.folder / f"run-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.db"
         self.path.touch()  # the first write: an unwritable folder fails here (OSError), before anything else
-        self.sweep()
-        self.from_template = self.ready_template()
-        if self.from_template:
-            shutil.copyfile(self.template, self.path)
+        try:
+            self.sweep()
+            self.from_template = self.ready_template()
+            if self.from_template:
+                shutil.copyfile(self.template, self.path)
+        except BaseException:
+            self.remove()
+            raise
 
     @property
     def url(self) -> str:
@@ -64,17 +74,31 @@ class RunDatabase:
         SQLite's backup API copies a consistent snapshot even while the server writes."""
         if self.from_template or self.template.exists():
             return
+        with self.new_template() as temp:
+            with closing(sqlite3.connect(self.path)) as source, closing(sqlite3.connect(temp)) as target:
+                source.backup(target)
+                target.execute("PRAGMA journal_mode=DELETE")  # one self-contained file (the server: WAL again)
+
+    @contextmanager
+    def new_template(self) -> Iterator[Path]:
+        """A temp file to build the template in, renamed into place at the end, removed if anything fails."""
         temp = self.folder / f".template-{uuid.uuid4().hex}.db"
-        with closing(sqlite3.connect(self.path)) as source, closing(sqlite3.connect(temp)) as target:
-            source.backup(target)
-            target.execute("PRAGMA journal_mode=DELETE")  # one self-contained file (the server turns WAL on again)
-        os.replace(temp, self.template)
+        try:
+            yield temp
+            os.replace(temp, self.template)
+        finally:
+            for suffix in SUFFIXES:
+                Path(f"{temp}{suffix}").unlink(missing_ok=True)
 
     def ready_template(self) -> bool:
         """Whether a sound template is there to copy: the one found, or one rebuilt from the shipped dump in
         place of a damaged or foreign one. Without a dump a bad template is dropped (the server migrates)."""
         dump = shipped_dump()
         script = gzip.decompress(dump.read_bytes()).decode() if dump.exists() else None
+        if self.template.exists() and not self.template.is_file():
+            raise ConfigError(f"PREFECT_HOME holds something else where sidecar-ops keeps its Prefect database "
+                              f"template: {self.template} is not a file; remove it (the next run rebuilds the "
+                              "template), or set PREFECT_API_URL to a running Prefect server")
         if self.template.exists():
             problem = template_problem(self.template, Expected.of(script))
             if problem is None:
@@ -83,10 +107,8 @@ class RunDatabase:
         if script is None:
             self.template.unlink(missing_ok=True)
             return False
-        temp = self.folder / f".template-{uuid.uuid4().hex}.db"
-        with closing(sqlite3.connect(temp)) as con:
+        with self.new_template() as temp, closing(sqlite3.connect(temp)) as con:
             con.executescript(script)
-        os.replace(temp, self.template)
         return True
 
     def remove(self) -> None:
@@ -108,18 +130,32 @@ class RunDatabase:
 
 @dataclass(frozen=True)
 class Expected:
-    """What a template for the installed Prefect holds: its tables and migration revision (None: unknown)."""
+    """What a template for the installed Prefect holds: its tables, migration revision and schema digest
+    (schema_digest; None: unknown)."""
     tables: frozenset[str]
     revision: str | None
+    schema: str | None = None
 
     @classmethod
     def of(cls, script: str | None) -> Expected:
-        """From the shipped dump's SQL when there is one, else Prefect's own migration scripts."""
+        """From the shipped dump's SQL when there is one (loaded in memory: a few ms), else Prefect's own
+        migration scripts (no schema then: the run's server migrates)."""
         if script is None:
             return cls(compat.PREFECT_CORE_TABLES, compat.migrations_head())
         tables = frozenset(re.findall(r'^CREATE TABLE "?(\w+)', script, re.MULTILINE))
         found = re.search(compat.REVISION_IN_DUMP, script, re.MULTILINE)
-        return cls(tables, found.group(1) if found else None)
+        with closing(sqlite3.connect(":memory:")) as con:
+            con.executescript(script)
+            schema = schema_digest(con)
+        return cls(tables, found.group(1) if found else None, schema)
+
+
+def schema_digest(con: sqlite3.Connection) -> str:
+    """A digest of every table, index, view and trigger's SQL (its clauses in any order: batch migrations
+    recreate a table with its constraints reordered): a changed column changes it."""
+    objects = sorted((kind, name, sorted(line.strip().rstrip(",") for line in (sql or "").splitlines()))
+                     for kind, name, sql in con.execute("select type, name, sql from sqlite_master"))
+    return hashlib.sha256(json.dumps(objects).encode()).hexdigest()
 
 
 def template_problem(path: Path, expected: Expected) -> str | None:
@@ -133,11 +169,14 @@ def template_problem(path: Path, expected: Expected) -> str | None:
             if expected.tables - tables:
                 return f"tables missing: {', '.join(sorted(expected.tables - tables))}"
             revisions = [rev for (rev,) in con.execute(compat.REVISION_QUERY)]
+            schema = schema_digest(con)
     except sqlite3.Error as exc:
         return str(exc)
     if expected.revision is not None and revisions != [expected.revision]:
         return (f"migration revision {', '.join(revisions) or 'none'}, Prefect {version('prefect')} expects "
                 f"{expected.revision}")
+    if expected.schema is not None and schema != expected.schema:
+        return f"schema differs from Prefect {version('prefect')}'s (a table, column, index or trigger changed)"
     return None
 
 

@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 from contextlib import closing
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -211,7 +212,13 @@ def missing_table(template: Path) -> None:
         con.execute("drop table task_run")
 
 
-@pytest.mark.parametrize("damage", [junk, truncated, wrong_revision, missing_table])
+def changed_column(template: Path) -> None:
+    """The right tables and revision, one column renamed: every run's server would fail its first request."""
+    with closing(sqlite3.connect(template)) as con, con:
+        con.execute("alter table flow_run rename column name to name_was")
+
+
+@pytest.mark.parametrize("damage", [junk, truncated, wrong_revision, missing_table, changed_column])
 def test_a_damaged_or_foreign_template_is_rebuilt_before_the_server_starts(tmp_path, damage):
     from flows.rundb import RunDatabase
 
@@ -239,6 +246,54 @@ def test_without_a_shipped_dump_a_damaged_template_is_dropped_and_the_server_mig
         assert not db.from_template and not template.exists()
     finally:
         db.remove()
+
+
+def test_the_schema_check_sees_a_changed_column(tmp_path):
+    from flows.rundb import Expected, shipped_dump, template_problem
+
+    template = a_template(tmp_path)
+    expected = Expected.of(gzip.decompress(shipped_dump().read_bytes()).decode())
+    assert template_problem(template, expected) is None
+    changed_column(template)
+    assert template_problem(template, expected) == (f"schema differs from Prefect {version('prefect')}'s "
+                                                    "(a table, column, index or trigger changed)")
+
+
+def test_a_directory_in_place_of_the_template_is_one_line_and_leaves_nothing(tmp_path):
+    from flows.rundb import RunDatabase
+    from tasks.errors import ConfigError
+
+    template = a_template(tmp_path)
+    template.unlink()
+    template.mkdir()
+    (template / "kept.txt").write_text("a user's file")
+    before = files(tmp_path)
+    for _ in range(2):
+        with pytest.raises(ConfigError) as refused:
+            RunDatabase(tmp_path)
+        assert str(refused.value) == (
+            f"PREFECT_HOME holds something else where sidecar-ops keeps its Prefect database template: {template} "
+            "is not a file; remove it (the next run rebuilds the template), or set PREFECT_API_URL to a running "
+            "Prefect server")
+    assert files(tmp_path) == before, "no run database, no temp template left behind"
+
+
+@pytest.mark.slow
+def test_a_directory_in_place_of_the_template_fails_a_run_with_that_line_exit_2(tmp_path):
+    setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=20, watermark_gap=False)
+    home = tmp_path / "home"
+    template = a_template(home)
+    template.unlink()
+    template.mkdir()
+    before = files(home)
+    out = attempt(setup, home)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: PREFECT_HOME holds something else where sidecar-ops keeps its Prefect database template: "
+        f"{template} is not a file; remove it (the next run rebuilds the template), or set PREFECT_API_URL to a "
+        "running Prefect server"), out.stderr
+    assert files(home) - {"sidecar-ops-server.log"} == before
+    assert not Path(setup.output).exists()
 
 
 def test_a_sound_template_is_used_as_it_is(tmp_path):
