@@ -6,6 +6,7 @@ import sys
 from tasks.config import Pipeline
 from tasks.merge import Job, now_utc, overwrite_fields
 from tasks.plan import inspect_schemas, make_plan
+from tasks.storage import lifecycle_note
 
 SHOW = 5
 
@@ -29,6 +30,8 @@ def dry_run(pipeline: Pipeline, output_prefix: str, samples: int = 20, overwrite
     say(f"main_prefix (base):     {ds.main_prefix}")
     say(f"sidecar_prefix (yaml):  {ds.sidecar_prefix}")
     say(f"output prefix (effective): {output_prefix}")
+    if note := lifecycle_note(output_prefix):
+        say(note)
     say(f"shards:                 {len(plan.shards)} (+{len(plan.base.others)} other objects ignored: not *.parquet)")
     if empty := plan.base.empty_shards:
         problems.append(f"{len(empty)} base shard(s) are empty (0 bytes), a run fails them: {_some(empty)}")

@@ -7,6 +7,14 @@ response; the rest are forwarded unchanged. Plain threads, http.server and http.
     with FaultProxy(upstream=moto_endpoint, rate=0.1, seed=1) as proxy:
         ...                      # proxy.stats: Counter of (fault, operation)
 
+S3 semantics moto lacks: moto reports every multipart upload as `Initiated` 2010-11-10, so an age-based sweep
+cannot tell a live run's upload from a dead one's. The proxy stamps each upload with the time the
+CreateMultipartUpload went through it (even when its reply is then dropped) and reports that time in
+ListMultipartUploads replies; `proxy.age(upload_id, seconds)` makes one older. An upload created behind the
+proxy's back keeps moto's time. `proxy.unheard` holds the ids of uploads whose creation reply was dropped.
+And where moto answers a part or a completion of an upload that is gone (aborted, completed) with a 500 (a
+KeyError inside it), the proxy answers as S3 does: 404 NoSuchUpload.
+
 A `Hold` makes a chosen request wait, without any timing: the proxy sets `hold.arrived` when the first
 matching request comes in and keeps it (and any later match) until `hold.release` is set. A test waits for
 `arrived` (the run is then provably at that point), acts, then releases.
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import http.client
 import random
+import re
 import socket
 import struct
 import threading
@@ -27,10 +36,15 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
+
 FAULTS = ("slowdown", "internal", "reset", "reset_after", "slow")
 # Chosen only by name, never by default: a write's body reaches moto with one byte changed (moto stores what it
 # got and answers with the checksum of that, as a store behind a faulty network path would).
 CORRUPT = "corrupt"
+# Also by name only: a refusal the store gives every time (403 AccessDenied; 501 NotImplemented, as stores
+# without lifecycle support answer).
+DENIED, UNSUPPORTED = "denied", "unsupported"
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
 
 ERROR_BODY = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
@@ -40,6 +54,9 @@ ERROR_BODY = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code
 def operation(method: str, path: str) -> str:
     """The S3 operation a request performs, from its method and query string alone."""
     query = parse_qs(urlsplit(path).query, keep_blank_values=True)
+    if "lifecycle" in query:
+        return {"GET": "GetBucketLifecycleConfiguration", "PUT": "PutBucketLifecycleConfiguration",
+                "DELETE": "DeleteBucketLifecycle"}.get(method, method)
     if "uploads" in query:
         return "ListMultipartUploads" if method == "GET" else "CreateMultipartUpload"
     if "uploadId" in query:
@@ -90,9 +107,10 @@ class FaultProxy:
     def __init__(self, upstream: str, rate: float = 0.1, seed: int = 0, faults: tuple[str, ...] = FAULTS,
                  applies: Callable[[str], bool] = lambda op: True, slow_seconds: float = 0.3,
                  host: str = "127.0.0.1", hold: Hold | None = None):
-        unknown = set(faults) - {*FAULTS, CORRUPT}
+        unknown = set(faults) - {*FAULTS, CORRUPT, DENIED, UNSUPPORTED}
         if unknown:
-            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULTS)}, {CORRUPT}")
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULTS)}, {CORRUPT}, "
+                             f"{DENIED}, {UNSUPPORTED}")
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
         self.rate, self.faults, self.applies, self.slow_seconds = rate, tuple(faults), applies, slow_seconds
@@ -101,6 +119,8 @@ class FaultProxy:
         self._lock = threading.Lock()
         self.stats: Counter = Counter()  # (fault or "ok", operation) -> count
         self.log: list[tuple[str, str, str | None, int]] = []  # forwarded: (operation, path, Range, reply bytes)
+        self.initiated: dict[str, float] = {}  # upload id -> POSIX time its CreateMultipartUpload went through
+        self.unheard: set[str] = set()  # upload ids whose CreateMultipartUpload reply was dropped
         self._server = ThreadingHTTPServer((host, 0), self._handler_class())
         self._server.daemon_threads = True
         self.url = f"http://{host}:{self._server.server_address[1]}"
@@ -118,6 +138,44 @@ class FaultProxy:
 
     def faults_injected(self, op: str | None = None) -> int:
         return sum(n for (kind, o), n in self.stats.items() if kind != "ok" and (op is None or o == op))
+
+    def age(self, upload_id: str, seconds: float) -> None:
+        """Report the upload as initiated `seconds` before now."""
+        with self._lock:
+            self.initiated[upload_id] = time.time() - seconds
+
+    def upload_gone(self, path: str) -> bool:
+        """Whether moto no longer knows the upload a request's path names (ListParts answers 404)."""
+        parts = urlsplit(path)
+        upload_id = parse_qs(parts.query)["uploadId"][0]
+        conn = http.client.HTTPConnection(*self.upstream, timeout=60)
+        try:
+            conn.request("GET", f"{parts.path}?uploadId={upload_id}")
+            return conn.getresponse().status == 404
+        finally:
+            conn.close()
+
+    def stamped(self, op: str, status: int, data: bytes, dropped: bool) -> bytes:
+        """The reply to pass on: a created upload's time recorded, a listing's `Initiated` times replaced."""
+        if op == "CreateMultipartUpload" and status == 200:
+            upload_id = re.search(rb"<UploadId>(.*?)</UploadId>", data).group(1).decode()
+            with self._lock:
+                self.initiated[upload_id] = time.time()
+                if dropped:
+                    self.unheard.add(upload_id)
+        if op == "ListMultipartUploads" and status == 200:
+            data = re.sub(rb"<Upload>.*?</Upload>", self._restamp, data, flags=re.S)
+        return data
+
+    def _restamp(self, upload: re.Match) -> bytes:
+        text = upload.group(0)
+        upload_id = re.search(rb"<UploadId>(.*?)</UploadId>", text).group(1).decode()
+        with self._lock:
+            when = self.initiated.get(upload_id)
+        if when is None:
+            return text
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + f".{int(when % 1 * 1000):03d}Z"
+        return re.sub(rb"<Initiated>.*?</Initiated>", f"<Initiated>{stamp}</Initiated>".encode(), text)
 
     def choose(self, op: str) -> str | None:
         with self._lock:
@@ -191,10 +249,21 @@ class FaultProxy:
                 if fault == "internal":
                     return self._error(500, "InternalError", "We encountered an internal error. "
                                                              "Please try again.")
+                if fault == DENIED:
+                    return self._error(403, "AccessDenied", "Access Denied")
+                if fault == UNSUPPORTED:
+                    return self._error(501, "NotImplemented", "A header you provided implies functionality "
+                                                              "that is not implemented")
                 if fault == CORRUPT and body:
                     middle = len(body) // 2
                     body = body[:middle] + bytes([body[middle] ^ 0xFF]) + body[middle + 1:]
                 status, headers, data = self._forward(body)
+                if op in ("UploadPart", "CompleteMultipartUpload") and status == 500 and proxy.upload_gone(self.path):
+                    status, headers = 404, [("Content-Type", "application/xml")]
+                    data = ERROR_BODY.format(code="NoSuchUpload", message="The specified upload does not exist. "
+                                             "The upload ID may be invalid, or the upload may have been aborted or "
+                                             "completed.").encode()
+                data = proxy.stamped(op, status, data, dropped=fault == "reset_after")
                 with proxy._lock:
                     proxy.log.append((op, urlsplit(self.path).path, self.headers.get("Range"), len(data)))
                 if fault == "reset_after":  # moto did the work; the client never hears of it
@@ -216,3 +285,24 @@ class FaultProxy:
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
         return Handler
+
+
+@pytest.fixture
+def proxied(moto_endpoint, monkeypatch):
+    """Start a proxy in front of moto and point this process's s3fs at it: `proxied(**FaultProxy kwargs)`
+    (no faults unless asked). Import it into a test module to use it."""
+    from tasks import storage
+
+    started = []
+
+    def start(**kw) -> FaultProxy:
+        proxy = FaultProxy(moto_endpoint, **{"rate": 0.0, **kw}).__enter__()
+        started.append(proxy)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        storage._s3.cache_clear()
+        return proxy
+
+    yield start
+    for proxy in started:
+        proxy.__exit__(None, None, None)
+    storage._s3.cache_clear()

@@ -52,20 +52,20 @@ MUTANTS = [
            "        write(uri)\n        return Written(os.path.getsize(uri))",
            (W + "test_a_write_failing_half_way_never_shows_at_the_final_name",)),
     Mutant("A2", "Atomic shards", "local text write (`put`) straight to the final name", "tasks/storage/local.py",
-           "        self._replace(uri, write)", "        write(uri)",
+           "        self._replace(uri, write)", "        with open(uri, \"wb\") as f:\n            write(f)",
            (W + "test_text_writes_are_atomic_too",)),
     Mutant("A3", "Atomic shards", "a failed write's temp file left behind", "tasks/storage/local.py",
-           "            if os.path.exists(temp):\n                os.unlink(temp)\n", "            pass\n",
+           "                temp.remove()\n                temp.refuse", "                temp.refuse",
            ("tests/test_merge_kernel.py::test_failed_local_write_leaves_no_temp_file",
             W + "test_a_write_failing_half_way_never_shows_at_the_final_name")),
     Mutant("A4", "Atomic shards", "a failed multipart upload completed with the parts already in",
            "tasks/storage/s3.py",
-           "        except BaseException:\n            upload.abort()\n            raise",
-           "        except BaseException:\n            upload.complete()\n            raise",
+           "            except BaseException:\n                upload.abort()\n                raise",
+           "            except BaseException:\n                upload.complete()\n                raise",
            (W + "test_a_multipart_upload_failing_after_a_part_leaves_no_object_and_no_upload",)),
     # ------------------------------------------------------------ orphaned uploads
     Mutant("O1", "No orphaned uploads after failures", "a failed multipart upload not aborted", "tasks/storage/s3.py",
-           "            upload.abort()\n            raise", "            raise",
+           "                upload.abort()\n                raise", "                raise",
            (W + "test_a_multipart_upload_failing_after_a_part_leaves_no_object_and_no_upload",)),
     Mutant("O2", "No orphaned uploads after failures", "sweep_stale keeps uploads older than the threshold",
            "tasks/storage/s3.py", "            if started < cutoff:", "            if False:",
@@ -74,10 +74,16 @@ MUTANTS = [
            "tasks/storage/local.py", "    except ProcessLookupError:\n        return True",
            "    except ProcessLookupError:\n        return False",
            (W + "test_sweep_removes_a_dead_writers_temp_file_only",)),
-    Mutant("O4", "No orphaned uploads after failures", "an upload started by a retried request whose reply was lost "
-           "is left", "tasks/storage/s3.py", "            abort_upload(fs, bucket, key, u[\"UploadId\"])",
-           "            pass", ("tests/test_s3_requests.py::"
-                                 "test_an_upload_started_by_a_reply_lost_on_the_way_is_not_left_behind",)),
+    Mutant("O4", "No orphaned uploads after failures", "an upload this process did not start is aborted (every other "
+           "upload of the key, when a CreateMultipartUpload is retried)", "tasks/storage/s3.py",
+           "            self.upload = reply[\"UploadId\"]\n",
+           "            self.upload = reply[\"UploadId\"]\n"
+           "            if reply.get(\"ResponseMetadata\", {}).get(\"RetryAttempts\"):\n"
+           "                for u in self.fs.call_s3(\"list_multipart_uploads\", Bucket=self.bucket, Prefix=self.key)"
+           ".get(\"Uploads\", []):\n"
+           "                    if u[\"UploadId\"] != self.upload:\n"
+           "                        abort_upload(self.fs, self.bucket, self.key, u[\"UploadId\"])\n",
+           ("tests/test_s3_uploads.py::test_a_retried_create_never_aborts_another_writers_upload",)),
     # ------------------------------------------------------------ retries
     Mutant("R1", "Retries with backoff on flaky storage", "every error permanent (never retried)", "tasks/merge.py",
            "                transient=not isinstance(exc, PERMANENT))", "                transient=False)",

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from core_fixtures import build, objects, read_table
+from faultproxy import proxied  # noqa: F401 (a fixture)
 from reliability_fixtures import allow_small_parts, pending_uploads
 from test_flow_local import summary_counts
 
@@ -48,6 +49,16 @@ def file_state(path: str) -> str:
 
 # ----------------------------------------------------------------- atomic local writes
 
+def write_to(where, data: bytes) -> None:
+    """What a local write's `write(sink)` does with bytes: `where` is the open temp file (or, under mutant A1,
+    the final path)."""
+    if isinstance(where, str):
+        with open(where, "wb") as f:
+            f.write(data)
+    else:
+        where.write(data)
+
+
 @pytest.mark.parametrize("earlier", [False, True], ids=["fresh", "over-a-complete-output"])
 def test_a_write_failing_half_way_never_shows_at_the_final_name(tmp_path, monkeypatch, earlier):
     """The writer is stopped after half the bytes are on disk (disk full): a reader of the final name saw the
@@ -64,8 +75,7 @@ def test_a_write_failing_half_way_never_shows_at_the_final_name(tmp_path, monkey
             sink = pa.BufferOutputStream()
             write(sink)
             data = sink.getvalue().to_pybytes()
-            with open(where, "wb") as f:
-                f.write(data[: len(data) // 2])
+            write_to(where, data[: len(data) // 2])
             seen.append(file_state(final))  # a reader, mid-write
             raise OSError(28, "No space left on device (injected)")
 
@@ -242,14 +252,12 @@ def test_two_interleaved_writers_of_one_shard_leave_one_whole_file(tmp_path, mon
             sink = pa.BufferOutputStream()
             write(sink)
             data = sink.getvalue().to_pybytes()
-            with open(temp, "wb") as f:
-                f.write(data[: len(data) // 2])
-                f.flush()
-                if not nested:  # A, half-way: B writes the whole shard now
-                    nested.append("B")
-                    storage.write_atomic(b, uri)
-                    nested.append(file_state(uri))
-                f.write(data[len(data) // 2:])
+            temp.write(data[: len(data) // 2])
+            if not nested:  # A, half-way: B writes the whole shard now
+                nested.append("B")
+                storage.write_atomic(b, uri)
+                nested.append(file_state(uri))
+            temp.write(data[len(data) // 2:])
 
         return real_write(self, in_halves, where, keep)
 
@@ -284,25 +292,18 @@ def test_sweep_removes_a_dead_writers_temp_file_only(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted([alive.name, shard.name])
 
 
-def test_sweep_aborts_old_uploads_and_keeps_young_ones(s3_root, moto_endpoint, monkeypatch):
-    """The age is judged against the upload's own `Initiated` (moto reports a fixed one), with the clock set a
-    minute after it: younger than an hour is kept (a live run's), older than 30 s is aborted."""
-    import time
-    from datetime import datetime
-    from types import SimpleNamespace
-
-    import boto3
-
-    bucket = s3_root[len("s3://"):].rstrip("/")
-    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
-    s3.create_multipart_upload(Bucket=bucket, Key="out/part-0.parquet")
-    (_, _, initiated), = storage.pending_uploads(s3_root + "out/")
-    now = datetime.fromisoformat(initiated).timestamp() + 60
-    monkeypatch.setattr(s3_backend, "time", SimpleNamespace(time=lambda: now, sleep=time.sleep))
-    assert storage.sweep_stale(s3_root + "out/", older_than_seconds=3600) == 0
-    assert len(pending_uploads(moto_endpoint, s3_root)) == 1
-    assert storage.sweep_stale(s3_root + "out/", older_than_seconds=30) == 1
-    assert pending_uploads(moto_endpoint, s3_root) == []
+def test_sweep_aborts_old_uploads_and_keeps_young_ones(s3_root, moto_endpoint, proxied):  # noqa: F811
+    """The age is the store's own `Initiated` (the proxy reports when each upload really started; moto's own is
+    frozen in 2010): an upload started just now is kept (a live run's), one started two hours ago is aborted
+    with a one-hour threshold, and with the run's default threshold (6 h) both stay."""
+    proxy = proxied()
+    fs, bucket = storage._s3(), s3_root[len("s3://"):].rstrip("/")
+    young = fs.call_s3("create_multipart_upload", Bucket=bucket, Key="out/part-0.parquet")["UploadId"]
+    old = fs.call_s3("create_multipart_upload", Bucket=bucket, Key="out/part-1.parquet")["UploadId"]
+    proxy.age(old, 2 * 3600)
+    assert storage.sweep_stale(s3_root + "out/") == 0
+    assert storage.sweep_stale(s3_root + "out/", older_than_seconds=3600) == 1
+    assert [u["UploadId"] for u in pending_uploads(moto_endpoint, s3_root)] == [young]
 
 
 # ----------------------------------------------------------------- which failures are worth a retry

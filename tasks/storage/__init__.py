@@ -22,14 +22,15 @@ import pyarrow.parquet as pq
 
 from tasks.storage import ahead, generic
 from tasks.storage.backend import TEMP_MARK, Backend, Written, entry_identity
+from tasks.storage.inflight import WriteAbandoned, abandon_writes
 from tasks.storage.local import LocalBackend, local_identity
 from tasks.storage.s3 import MULTIPART_THRESHOLD, PART_SIZE, S3Backend, s3_identity
 from tasks.storage.s3 import _s3 as _s3  # tests and benchmarks clear its cache to switch endpoints
 
-__all__ = ["ABSENT", "MULTIPART_THRESHOLD", "PART_SIZE", "TEMP_MARK", "Backend", "Listing", "Written", "backend",
-           "check_relpath", "check_writable", "dictionary_columns", "entry_identity", "fetch_ahead", "file_identity",
-           "file_size", "filesystem", "forget_ahead", "inside", "is_s3", "join", "list_prefix", "listed",
-           "local_identity", "missing_root", "normalize_prefix", "open_parquet", "pending_uploads", "read_footer",
+__all__ = ["ABSENT", "MULTIPART_THRESHOLD", "PART_SIZE", "TEMP_MARK", "Backend", "Listing", "WriteAbandoned",
+           "Written", "abandon_writes", "backend", "check_relpath", "check_writable", "dictionary_columns",
+           "entry_identity", "fetch_ahead", "file_identity", "file_size", "filesystem", "forget_ahead", "inside",
+           "is_s3", "join", "lifecycle_note", "list_prefix", "listed", "local_identity", "missing_root", "normalize_prefix", "open_parquet", "pending_uploads", "read_footer",
            "s3_identity", "sweep_stale", "worker_env_names", "write_atomic", "write_text", "write_windows"]
 
 ACCEPTED = "s3://bucket/path/, file:///abs/path/, or a local path"
@@ -100,6 +101,12 @@ def check_writable(prefix: str) -> str:
 def missing_root(prefix: str) -> str | None:
     """Why nothing can be written under an output prefix that does not exist yet (S3: a missing bucket)."""
     return backend(prefix).missing_root(prefix)
+
+
+def lifecycle_note(prefix: str) -> str | None:
+    """One line for the dry run when nothing but a run's own sweep would abort uploads orphaned under an output
+    prefix (S3 without an AbortIncompleteMultipartUpload rule, or rules it may not read); else None."""
+    return backend(prefix).lifecycle_note(prefix)
 
 
 def worker_env_names() -> tuple[str, ...]:

@@ -150,6 +150,11 @@ class Backend:
         """Remove leftovers of killed writers under `prefix`; returns a count. Nothing to sweep by default."""
         return 0
 
+    def lifecycle_note(self, prefix: str) -> str | None:
+        """A line for the dry run when the store would keep a killed writer's leftovers under `prefix` forever
+        (S3: no AbortIncompleteMultipartUpload rule); None where there is nothing to say."""
+        return None
+
     def missing_root(self, prefix: str) -> str | None:
         """Why nothing could ever be written under `prefix` (a missing bucket), or None."""
         return None

@@ -9,13 +9,16 @@ from __future__ import annotations
 import os
 import posixpath
 import socket
+import threading
 import time
 import uuid
+from contextlib import suppress
 
 import fsspec
 import pyarrow as pa
 
 from tasks.storage.backend import TEMP_MARK, Backend, Written
+from tasks.storage.inflight import WriteAbandoned, tracked
 
 
 def local_identity(st: os.stat_result) -> str:
@@ -51,6 +54,42 @@ def writer_dead(temp_name: str) -> bool:
     except PermissionError:
         return False
     return False
+
+
+class TempFile:
+    """A write's temp file, beside its final name `final`. Created, and renamed to `final`, only while the write
+    is not abandoned; `abandon` (another thread: tasks/storage/inflight.py) removes it, so no temp file
+    outlives an abandoned write, and the write then fails."""
+
+    def __init__(self, final: str):
+        # host and pid in the name, so sweep_stale can tell a dead writer's leftovers from a live one's
+        name = f"{TEMP_MARK}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}"
+        self.final, self.path = final, os.path.join(os.path.dirname(final), name)
+        self.abandoned = False
+        self.lock = threading.RLock()
+
+    def open(self) -> pa.NativeFile:
+        with self.lock:
+            self.refuse_if_abandoned()
+            return pa.OSFile(self.path, "wb")
+
+    def publish(self) -> None:
+        with self.lock:
+            self.refuse_if_abandoned()
+            os.replace(self.path, self.final)
+
+    def remove(self) -> None:
+        with suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def abandon(self) -> None:
+        with self.lock:
+            self.abandoned = True
+            self.remove()
+
+    def refuse_if_abandoned(self) -> None:
+        if self.abandoned:
+            raise WriteAbandoned(f"write of {self.final} abandoned (the process is stopping): temp file removed")
 
 
 class LocalBackend(Backend):
@@ -94,28 +133,28 @@ class LocalBackend(Backend):
         return Written(self._replace(uri, write))
 
     def put(self, uri: str, data: bytes) -> None:
-        def write(temp: str) -> None:
-            with open(temp, "wb") as f:
-                f.write(data)
+        def write(sink) -> None:
+            sink.write(data)
 
         self._replace(uri, write)
 
     @staticmethod
     def _replace(path: str, write) -> int:
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        # host and pid in the name, so sweep_stale can tell a dead writer's leftovers from a live one's
-        temp = os.path.join(directory, f"{TEMP_MARK}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
-        try:
-            write(temp)
-            with open(temp, "rb+") as f:
-                os.fsync(f.fileno())
-            size = os.path.getsize(temp)
-            os.replace(temp, path)
-        except BaseException:
-            if os.path.exists(temp):
-                os.unlink(temp)
-            raise
+        """`write(sink)` into a temp file (a pyarrow file open for writing), then fsync and rename to `path`."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temp = TempFile(path)
+        with tracked(temp):
+            try:
+                with temp.open() as sink:
+                    write(sink)
+                with open(temp.path, "rb+") as f:
+                    os.fsync(f.fileno())
+                size = os.path.getsize(temp.path)
+                temp.publish()
+            except BaseException:
+                temp.remove()
+                temp.refuse_if_abandoned()
+                raise
         return size
 
     def sweep_stale(self, prefix: str, older_than_seconds: float) -> int:

@@ -14,6 +14,7 @@ import hashlib
 import io
 import logging
 import os
+import threading
 import time
 import zlib
 from datetime import datetime
@@ -24,6 +25,7 @@ import pyarrow as pa
 from tasks import compat
 from tasks.storage import ahead
 from tasks.storage.backend import Backend, Written
+from tasks.storage.inflight import WriteAbandoned, tracked
 
 # Payloads of at least MULTIPART_THRESHOLD bytes go up in parts of PART_SIZE (S3's minimum part is 5 MiB).
 MULTIPART_THRESHOLD = int(os.environ.get("SIDECAR_OPS_MULTIPART_THRESHOLD") or 64 * 2**20)
@@ -67,6 +69,11 @@ def parse_identity(identity: str) -> tuple[int, str] | None:
 
 class UploadCorrupted(ConnectionError):
     """The store holds other bytes than were sent: damaged on the way, worth another upload (transient)."""
+
+
+class UploadAborted(ConnectionError):
+    """Our multipart upload was aborted while it ran (NoSuchUpload on a part or the completion): by another run's
+    sweep, a lifecycle rule or an operator. Worth another upload (transient)."""
 
 
 def stored_exactly(reply: dict, body: bytes) -> bool:
@@ -170,12 +177,13 @@ class S3Backend(Backend):
         reads nothing back."""
         fs, path = self.filesystem(uri)
         upload = Upload(fs, *path.split("/", 1), keep=keep)
-        try:
-            write(upload)
-            return upload.finish()
-        except BaseException:
-            upload.abort()
-            raise
+        with tracked(upload):
+            try:
+                write(upload)
+                return upload.finish()
+            except BaseException:
+                upload.abort()
+                raise
 
     def put(self, uri: str, data: bytes) -> None:
         self.write_parquet(lambda sink: sink.write(data), uri)
@@ -192,7 +200,8 @@ class S3Backend(Backend):
             marker = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
 
     def sweep_stale(self, prefix: str, older_than_seconds: float) -> int:
-        """Abort multipart uploads older than the threshold (younger ones may belong to a run in progress)."""
+        """Abort multipart uploads older than the threshold by the store's own `Initiated` (younger ones may
+        belong to a run in progress, another process's or a lost CreateMultipartUpload reply's)."""
         fs, root = self.filesystem(prefix)
         bucket = root.partition("/")[0]
         removed, cutoff = 0, time.time() - older_than_seconds
@@ -205,6 +214,24 @@ class S3Backend(Backend):
                 abort_upload(fs, bucket, key, upload)
                 removed += 1
         return removed
+
+    def lifecycle_note(self, prefix: str) -> str | None:
+        """A line for the dry run when nothing but our own sweep would ever abort an upload orphaned under
+        `prefix`: the bucket has no enabled AbortIncompleteMultipartUpload rule covering it, or its rules
+        cannot be read (denied, or a store without lifecycle support: said, never a failure)."""
+        fs, root = self.filesystem(prefix)
+        bucket, _, key_prefix = root.partition("/")
+        try:
+            rules = fs.call_s3("get_bucket_lifecycle_configuration", Bucket=bucket).get("Rules", [])
+        except FileNotFoundError:  # NoSuchLifecycleConfiguration: no rules at all
+            rules = []
+        except Exception as exc:
+            return (f"lifecycle: cannot read the lifecycle rules of bucket {bucket!r} ({type(exc).__name__}: "
+                    f"{exc}); make sure an AbortIncompleteMultipartUpload rule covers the output (docs/storage.md)")
+        if any(aborts_uploads_under(rule, key_prefix) for rule in rules):
+            return None
+        return (f"lifecycle: bucket {bucket!r} has no AbortIncompleteMultipartUpload rule for {prefix}: uploads "
+                f"orphaned by killed writers or lost replies stay until a run's sweep (docs/storage.md)")
 
     def missing_root(self, prefix: str) -> str | None:
         bucket = prefix[len("s3://"):].split("/", 1)[0]
@@ -221,7 +248,10 @@ class Upload(io.RawIOBase):
     """A file object whose bytes become the object at s3://bucket/key, atomically: one PUT at `finish` while
     they stay under MULTIPART_THRESHOLD, else a multipart upload whose parts of PART_SIZE leave as they fill,
     completed at `finish`, aborted by `abort` (any failure: no object, no upload left). Every request carries
-    a CRC32 S3 checks the body against. `keep`: hold every byte, so `finish` can hand back the payload."""
+    a CRC32 S3 checks the body against. `keep`: hold every byte, so `finish` can hand back the payload.
+    `abandon` (another thread: tasks/storage/inflight.py) aborts the upload and fails every later step.
+    Only ever aborts its own upload: one whose CreateMultipartUpload reply was lost is never heard of, and is
+    left to `sweep_stale` and the bucket's AbortIncompleteMultipartUpload rule (docs/storage.md)."""
 
     def __init__(self, fs, bucket: str, key: str, keep: bool = True):
         super().__init__()
@@ -229,7 +259,8 @@ class Upload(io.RawIOBase):
         self.pending, self.kept, self.size = bytearray(), bytearray(), 0
         self.upload: str | None = None
         self.parts: list[dict] = []
-        self.proven, self.ended = True, False
+        self.proven, self.ended, self.abandoned = True, False, False
+        self.lock = threading.RLock()  # `upload` and `abandoned` change together (abandon, from another thread)
 
     def writable(self) -> bool:
         return True
@@ -239,7 +270,7 @@ class Upload(io.RawIOBase):
 
     def write(self, data) -> int:
         if self.ended:  # a part failed, or the upload was finished or aborted: a late footer goes nowhere
-            raise OSError(f"upload of s3://{self.bucket}/{self.key} has ended")
+            raise self.abandoned_error() if self.abandoned else OSError(f"upload of {self.uri} has ended")
         data = memoryview(data).cast("B")
         self.pending += data
         if self.keep:
@@ -256,23 +287,45 @@ class Upload(io.RawIOBase):
             raise
         return data.nbytes
 
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    def abandoned_error(self) -> WriteAbandoned:
+        return WriteAbandoned(f"write of {self.uri} abandoned (the process is stopping): upload aborted")
+
     def start(self) -> None:
-        started = time.monotonic()
         reply = self.fs.call_s3("create_multipart_upload", Bucket=self.bucket, Key=self.key, ChecksumAlgorithm="CRC32")
-        self.upload = reply["UploadId"]
-        if reply.get("ResponseMetadata", {}).get("RetryAttempts"):
-            abort_unheard_of(self.fs, self.bucket, self.key, self.upload, time.monotonic() - started)
+        with self.lock:
+            self.upload = reply["UploadId"]
+            abandoned = self.abandoned
+        if abandoned:  # while the request was in flight: abandon() had no id to abort
+            self.abort()
+            raise self.abandoned_error()
+
+    def on_upload(self, method: str, **kw) -> dict:
+        """A request on our multipart upload; NoSuchUpload says someone aborted it (abandon, or another party)."""
+        try:
+            return self.fs.call_s3(method, Bucket=self.bucket, Key=self.key, UploadId=self.upload, **kw)
+        except FileNotFoundError as exc:
+            if self.abandoned:
+                raise self.abandoned_error() from exc
+            raise UploadAborted(f"multipart upload {self.upload} of {self.uri} was aborted while it ran "
+                                f"(NoSuchUpload on {method}: another run's sweep, a lifecycle rule or an "
+                                f"operator); another upload may succeed") from exc
 
     def send(self, body: bytes) -> None:
         number = len(self.parts) + 1
-        out = self.fs.call_s3("upload_part", Bucket=self.bucket, Key=self.key, UploadId=self.upload,
-                              PartNumber=number, Body=body, ChecksumAlgorithm="CRC32")
+        out = self.on_upload("upload_part", PartNumber=number, Body=body, ChecksumAlgorithm="CRC32")
         self.proven = stored_exactly(out, body) and self.proven
         checksum = {"ChecksumCRC32": out["ChecksumCRC32"]} if out.get("ChecksumCRC32") else {}
         self.parts.append({"PartNumber": number, "ETag": out["ETag"], **checksum})
 
     def finish(self) -> Written:
-        self.ended = True
+        with self.lock:
+            if self.abandoned:
+                raise self.abandoned_error()
+            self.ended = True
         if self.upload is None:
             body = bytes(self.pending)
             reply = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=body,
@@ -291,37 +344,34 @@ class Upload(io.RawIOBase):
 
     def complete(self) -> None:
         if self.upload is not None:
-            self.fs.call_s3("complete_multipart_upload", Bucket=self.bucket, Key=self.key, UploadId=self.upload,
-                            MultipartUpload={"Parts": self.parts})
+            self.on_upload("complete_multipart_upload", MultipartUpload={"Parts": self.parts})
 
     def abort(self) -> None:
-        self.ended = True
-        if self.upload is not None:
-            abort_upload(self.fs, self.bucket, self.key, self.upload)
+        with self.lock:
+            self.ended = True
+            upload = self.upload
+        if upload is not None:
+            abort_upload(self.fs, self.bucket, self.key, upload)
+
+    def abandon(self) -> None:
+        with self.lock:
+            self.abandoned = True
+        self.abort()
+
+
+def aborts_uploads_under(rule: dict, key_prefix: str) -> bool:
+    """Whether a lifecycle rule aborts incomplete multipart uploads of every key under `key_prefix`."""
+    scope = rule.get("Filter") or {}
+    rule_prefix = scope.get("Prefix", (scope.get("And") or {}).get("Prefix", rule.get("Prefix", "")))
+    tagged = "Tag" in scope or (scope.get("And") or {}).get("Tags")
+    return (rule.get("Status") == "Enabled" and "AbortIncompleteMultipartUpload" in rule and not tagged
+            and key_prefix.startswith(rule_prefix or ""))
 
 
 def pin(opened, details: dict) -> None:
     """Make an open s3fs file read only the version `details` (a HEAD reply) describes (s3fs internals:
     tasks/compat.py)."""
     compat.pin_s3_file(opened, details)
-
-
-def abort_unheard_of(fs, bucket: str, key: str, ours: str, call_seconds: float) -> None:
-    """A retried CreateMultipartUpload may have started an upload whose reply was lost: no one knows its id, so
-    nothing would abort it. Abort the uploads of `key` that S3 started while our call was in flight (Initiated
-    within its duration before ours, both S3's clocks); a concurrent writer of the same shard starting in that
-    window loses its upload, and its write fails transiently and is retried."""
-    uploads = [u for u in fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key).get("Uploads", [])
-               if u["Key"] == key]
-    mine = next((u["Initiated"] for u in uploads if u["UploadId"] == ours), None)
-    if mine is None:
-        return
-    window = call_seconds + 1.0  # Initiated has a resolution of a second on some stores
-    for u in uploads:
-        if u["UploadId"] != ours and 0 <= (mine - u["Initiated"]).total_seconds() <= window:
-            log.info("aborting multipart upload %s of s3://%s/%s: started by a retried request", u["UploadId"],
-                     bucket, key)
-            abort_upload(fs, bucket, key, u["UploadId"])
 
 
 def abort_upload(fs, bucket: str, key: str, upload: str) -> None:
