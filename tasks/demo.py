@@ -86,21 +86,41 @@ def make_dataset(root: str, shards: int = 12, rows: int = 2000, seed: int = 0,
 # ----------------------------------------------------------------- the demo's root
 
 
-def made_by_demo(rel: PurePath, is_dir: bool) -> bool:
-    """Whether a path under the root is one a demo writes: the marker, its two YAMLs and their folders, the
-    data folders with the parquet shards (and write temp files) the demo and its merge put there."""
+MANIFEST_HEAD = "Written by `sidecar-ops demo`: a later demo may replace the files listed below (and nothing else):"
+
+
+def demo_paths(shards: int, watermark_gap: bool = True) -> list[str]:
+    """Every file a demo of `shards` shards writes under its root (the merge's outputs included), relative."""
+    rels = relpaths(shards)
+    data = [f"{name}/{rel}" for name in ("base", "dqm", "aes", "all_in_one") for rel in rels]
+    data += [f"watermark/{rel}" for rel in (rels[:-1] if watermark_gap else rels)]
+    return [MARKER, DEMO_PIPELINE, DEMO_DATASET, *data]
+
+
+def written_by_demo(root: Path) -> set[str]:
+    """The files the marker says an earlier demo wrote (an older demo's marker lists none but itself and its
+    YAMLs: its data is then refused, never guessed at)."""
+    lines = (root / MARKER).read_text().splitlines()
+    return {MARKER, DEMO_PIPELINE, DEMO_DATASET, *(line for line in lines[1:] if line)}
+
+
+def made_by_demo(rel: PurePath, is_dir: bool, written: set[str]) -> bool:
+    """Whether a path under the root is one a demo made: a file its marker lists, a folder holding one, or a
+    temp file of an interrupted write in such a folder (the merge's)."""
+    path = rel.as_posix()
     if is_dir:
-        return rel.parts[0] in DATA or rel.as_posix() in ("pipelines", "datasets")
-    if rel.parts[0] in DATA and len(rel.parts) > 1:
-        return rel.suffix == ".parquet" or rel.name.startswith(TEMP_MARK)
-    return rel.as_posix() in (MARKER, DEMO_PIPELINE, DEMO_DATASET)
+        return any(w.startswith(path + "/") for w in written)
+    if rel.name.startswith(TEMP_MARK):
+        return made_by_demo(rel.parent, True, written)
+    return path in written
 
 
 def clear_root(root: Path) -> None:
-    """Make `root` an empty folder for the demo, deleting only what an earlier demo made there.
+    """Make `root` an empty folder for the demo, deleting only what an earlier demo wrote there.
 
     Refused (ConfigError) when root is not a folder, or holds anything without the marker an earlier demo
-    leaves, or anything a demo does not write (a user's file): nothing is deleted then."""
+    leaves, or anything its marker does not list (a user's file, even a *.parquet in a demo folder): nothing is
+    deleted then."""
     if root.exists() and not root.is_dir():
         raise ConfigError(f"demo --root {root}: not a folder; choose another --root")
     found = sorted(root.rglob("*")) if root.exists() else []
@@ -108,7 +128,9 @@ def clear_root(root: Path) -> None:
         raise ConfigError(f"demo --root {root}: not empty and without the {MARKER} marker a demo leaves (holds "
                           f"{found[0].relative_to(root)}); choose another --root, or delete the folder yourself "
                           "if an older demo made it")
-    foreign = [p for p in found if p.is_symlink() or not made_by_demo(p.relative_to(root), p.is_dir())]
+    written = written_by_demo(root) if found else set()
+    foreign = [p for p in found if p.is_symlink() or not made_by_demo(p.relative_to(root), p.is_dir(), written)]
+    foreign.sort(key=lambda p: p.is_dir() and not p.is_symlink())  # name a file of the user's, not its folder
     if foreign:
         raise ConfigError(f"demo --root {root}: holds {foreign[0].relative_to(root)}, which the demo did not "
                           "write; move it away or choose another --root (nothing was deleted)")
@@ -116,7 +138,12 @@ def clear_root(root: Path) -> None:
         if path.parent == root:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     root.mkdir(parents=True, exist_ok=True)
-    (root / MARKER).write_text("Written by `sidecar-ops demo`: it may replace the demo data in this folder.\n")
+
+
+def write_marker(root: Path, paths: list[str]) -> None:
+    """The marker, listing every file this demo is about to write: written first, so a demo stopped half-way
+    still says what it may have left."""
+    (root / MARKER).write_text("\n".join([MANIFEST_HEAD, *paths]) + "\n")
 
 
 def write_yamls(root: Path) -> None:
@@ -138,6 +165,7 @@ def build_demo(root: str, shards: int, rows: int) -> tuple[Path, str]:
         raise ConfigError(f"demo --root {root}: the demo writes a local folder; give a local path")
     folder = Path(root).absolute()
     clear_root(folder)
+    write_marker(folder, demo_paths(shards))
     make_dataset(str(folder), shards=shards, rows=rows)
     write_yamls(folder)
     return Path(root) / DEMO_PIPELINE, f"{root.rstrip('/')}/all_in_one/"

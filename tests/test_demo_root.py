@@ -1,8 +1,9 @@
 """`sidecar-ops demo --root` (issue 18, seen case 3 and deliverable 8).
 
 The demo writes its data and its pipeline + dataset YAMLs under --root (default ./demo-data), works from any
-working directory, and never deletes what it did not make: a root holding anything a demo would not have
-written is refused (one line, exit 2) and left as it was.
+working directory, and never deletes what it did not make: its marker lists every file it (and its merge)
+writes, and a root holding anything else, even a *.parquet in a demo folder, is refused (one line, exit 2) and
+left as it was.
 
 Fast tests run the demo in-process with its merge and verify recorded instead of run (each would start a
 Prefect server); its dry run, which checks the YAMLs it wrote against the data, runs for real.
@@ -120,3 +121,44 @@ def test_demo_end_to_end_under_root_from_another_directory(tmp_path, elsewhere, 
     assert shards(root / "all_in_one") == shards(root / "base")
     assert "verify: PASS (all" in out + err, out + err
     assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("mine", ["base/my-project/results-2026.parquet", "all_in_one/mine.parquet",
+                                  "all_in_one/2023/part-00000.parquet.bak", "base/2023/part-00003.parquet",
+                                  "dqm/2025/part-00002.parquet"],
+                         ids=["base-subfolder", "all-in-one", "beside-an-output", "a-shard-name-not-written",
+                              "a-later-shard-of-a-smaller-demo"])
+def test_a_users_parquet_among_the_demo_data_is_refused_and_left_alone(tmp_path, elsewhere, cli, recorded, mine):
+    """Issue 26, case 7: a *.parquet a user put in a demo folder was deleted by the next demo. The marker lists
+    what the demo wrote; anything else is refused, even under a name a bigger demo would have written."""
+    root = tmp_path / "demo"
+    assert cli("demo", "--root", root, "--shards", 2, "--rows", ROWS)[0] == 0
+    (root / mine).parent.mkdir(parents=True, exist_ok=True)
+    (root / mine).write_bytes(b"a user's results")
+    before = shards(root)
+    code, out, err = cli("demo", "--root", root, "--shards", 2, "--rows", ROWS)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, out + err
+    assert lines[0] == (f"error: demo --root {root}: holds {mine}, which the demo did not write; move it away or "
+                        "choose another --root (nothing was deleted)"), err
+    assert (root / mine).read_bytes() == b"a user's results" and shards(root) == before
+
+
+def test_the_marker_lists_every_file_the_demo_and_its_merge_write(tmp_path, elsewhere, cli, recorded):
+    root = tmp_path / "demo"
+    assert cli("demo", "--root", root, "--shards", 3, "--rows", ROWS)[0] == 0
+    listed = (root / ".sidecar-ops-demo").read_text().splitlines()[1:]
+    written = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    outputs = [f"all_in_one/{rel}" for rel in shards(root / "base")]  # what its merge (recorded here) writes
+    assert sorted(listed) == sorted(written + outputs)
+
+
+def test_an_older_demos_marker_without_a_list_keeps_its_data(tmp_path, elsewhere, cli, recorded):
+    root = tmp_path / "demo"
+    assert cli("demo", "--root", root, "--shards", 2, "--rows", ROWS)[0] == 0
+    (root / ".sidecar-ops-demo").write_text("Written by `sidecar-ops demo`: it may replace the demo data in this "
+                                            "folder.\n")
+    before = shards(root)
+    code, out, err = cli("demo", "--root", root, "--shards", 2, "--rows", ROWS)
+    assert code == 2 and "which the demo did not write" in err, out + err
+    assert shards(root) == before
