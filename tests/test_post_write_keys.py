@@ -83,3 +83,17 @@ def test_a_null_written_where_the_base_has_a_null_passes(merged):
 def test_same_keys_needs_each_written_key_equal_nulls_included(base, written, same):
     batches = [pa.array(written[:1], pa.string()), pa.array(written[1:], pa.string())]
     assert same_keys(pa.chunked_array([pa.array(base, pa.string())]), iter(batches)) is same
+
+
+@pytest.mark.parametrize("got, want", [(["a", None, "c"], ["a", "b", "c"]), (["a", "b", "c"], ["a", None, "c"])],
+                         ids=["null-written", "null-expected"])
+def test_verify_and_alignment_count_a_null_key_as_a_difference(got, want):
+    """The other key comparisons in tasks/ (checked for the same trap): verify's value compare and the merge's
+    alignment both count a null against a value as a mismatch."""
+    from tasks.ops.alignment import check_aligned
+    from tasks.verify.compare import compare
+
+    g, w = pa.chunked_array([pa.array(got)]), pa.chunked_array([pa.array(want)])
+    assert compare("k", g, w) == f"column 'k': 1 of 3 rows differ, first at row 1: {got[1]!r} vs {want[1]!r}"
+    with pytest.raises(ShardError, match="key mismatch in 1 of 3 rows; first at row 1"):
+        check_aligned(pa.table({"k": g}), "k", pa.table({"k": w}), "k")
