@@ -239,8 +239,9 @@ def test_drain_missing(monkeypatch):
         compat.drain_prefect_workers(timeout=0)
 
 
-def test_wait_for_events_sent(monkeypatch):
-    """Waits on the process's EventsWorker queue (nothing queued here: returns at once); gone, it says so."""
+def test_wait_for_events_sent(monkeypatch, prefect_api):
+    """Waits on the process's EventsWorker queue (nothing queued here: returns at once); gone, it says so.
+    On the session's API: without one, the worker would start a server of its own (a process)."""
     from prefect.events.worker import EventsWorker
 
     compat.wait_for_events_sent()

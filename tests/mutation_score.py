@@ -1,0 +1,138 @@
+"""The mutation score per guarantee module, from mutmut's results: `make mutate` runs mutmut, then this.
+
+mutmut (configured in pyproject.toml, [tool.mutmut]) mutates the modules that hold a guarantee and runs, for each
+mutant, the fast-tier tests that reach the mutated function; its results live in mutants/**/*.meta (resumable:
+`mutmut run` again continues, and re-tests only functions whose code changed). This script reads them with the
+triage file tests/mutation-survivors.txt and prints, per module: mutants generated, killed, survived and triaged
+as equivalent, survived untriaged, and the score (killed / generated: an equivalent is not a kill).
+
+Triage file, one surviving mutant a line: `<mutant name>  equivalent  <why, one line>`. A line naming a mutant
+that no longer survives (killed now, or gone after a code change) is stale: reported, and an error with
+--check. Not collected by pytest (no `test_` prefix).
+
+    python tests/mutation_score.py                # the table, the untriaged survivors, stale triage lines
+    python tests/mutation_score.py --write-doc    # also the table into docs/guarantees.md
+    python tests/mutation_score.py --check        # exit 1 unless every module >= GOAL and nothing untriaged
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from collections import Counter
+from fnmatch import fnmatch
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MUTANTS = ROOT / "mutants"
+TRIAGE = ROOT / "tests" / "mutation-survivors.txt"
+DOC = ROOT / "docs" / "guarantees.md"
+BEGIN, END = "<!-- mutation-score:begin -->", "<!-- mutation-score:end -->"
+GOAL = 0.85
+# mutmut's exit codes (mutmut/stats.py): 1 and 3 are kills; a timeout or a crash of the mutated code also
+# means a test noticed; 0 survived; 33/5 no test reached the mutant; None not yet run.
+KILLED = {1, 3, 36, 24, -24, 152, 255, -11, -9}
+SURVIVED, NO_TESTS, NOT_RUN = {0}, {33, 5}, {None}
+
+
+def modules() -> list[str]:
+    """The modules mutmut mutates (pyproject.toml's only_mutate), in a stable order."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    found = sorted({str(p.relative_to(ROOT)) for pattern in config["only_mutate"] for p in ROOT.glob(pattern)})
+    return [m for m in found if not m.endswith("__init__.py") or (ROOT / m).stat().st_size > 0]
+
+
+def results() -> dict[str, dict[str, int | None]]:
+    """module path -> {mutant name: exit code} from mutmut's meta files."""
+    out = {}
+    for meta in MUTANTS.rglob("*.py.meta"):
+        module = str(meta.relative_to(MUTANTS))[: -len(".meta")]
+        out[module] = json.loads(meta.read_text())["exit_code_by_key"]
+    return out
+
+
+def triage() -> dict[str, str]:
+    """mutant name -> why it is equivalent, from the triage file (the line number kept for messages)."""
+    out = {}
+    if not TRIAGE.exists():
+        return out
+    for number, line in enumerate(TRIAGE.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, verdict, *why = line.split(None, 2)
+        if verdict != "equivalent" or not why:
+            sys.exit(f"{TRIAGE.relative_to(ROOT)}:{number}: expected '<mutant>  equivalent  <why>', got {line!r}")
+        out[name] = why[0]
+    return out
+
+
+def score(modules_: list[str], found: dict, equivalent: dict[str, str]) -> tuple[list[dict], list[str], list[str]]:
+    rows, untriaged, seen = [], [], set()
+    for module in modules_:
+        codes = found.get(module, {})
+        counts = Counter()
+        for name, code in codes.items():
+            seen.add(name)
+            if code in KILLED:
+                counts["killed"] += 1
+            elif code in NOT_RUN:
+                counts["not run"] += 1
+            elif name in equivalent:
+                counts["equivalent"] += 1
+            else:
+                counts["untriaged"] += 1
+                untriaged.append(f"{name} ({'no test reaches it' if code in NO_TESTS else 'survived'})")
+        total = len(codes)
+        rows.append({"module": module, "generated": total, **counts,
+                     "score": counts["killed"] / total if total else 1.0})
+    stale = [name for name in equivalent if name not in seen or found_code(found, name) in KILLED]
+    return rows, untriaged, stale
+
+
+def found_code(found: dict, name: str):
+    return next((codes[name] for codes in found.values() if name in codes), None)
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| module | mutants | killed | equivalent | untriaged | not run | score |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        verdict = "" if r["score"] >= GOAL and not r.get("untriaged") and not r.get("not run") else " (below goal)"
+        lines.append(f"| `{r['module']}` | {r['generated']} | {r.get('killed', 0)} | {r.get('equivalent', 0)} | "
+                     f"{r.get('untriaged', 0)} | {r.get('not run', 0)} | {r['score']:.0%}{verdict} |")
+    total = {k: sum(r.get(k, 0) for r in rows) for k in ("generated", "killed", "equivalent", "untriaged", "not run")}
+    share = total["killed"] / total["generated"] if total["generated"] else 1.0
+    lines.append(f"| all | {total['generated']} | {total['killed']} | {total['equivalent']} | {total['untriaged']} | "
+                 f"{total['not run']} | {share:.0%} |")
+    return "\n".join(lines)
+
+
+def write_doc(text: str) -> None:
+    doc = DOC.read_text()
+    head, _, rest = doc.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write-doc", action="store_true")
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    if not MUTANTS.exists():
+        sys.exit("no mutants/ folder: run `make mutate` (mutmut run) first")
+    rows, untriaged, stale = score(modules(), results(), triage())
+    text = table(rows)
+    print(text)
+    for name in untriaged:
+        print(f"untriaged: {name}   (mutmut show {name.split()[0]})")
+    for name in stale:
+        print(f"stale triage line (no longer a survivor): {name}")
+    if args.write_doc:
+        write_doc(text)
+    below = [r["module"] for r in rows if r["score"] < GOAL]
+    return 1 if args.check and (below or untriaged or stale) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
