@@ -17,6 +17,7 @@ from test_flow_local import REL, SHARDS, assert_output_equals_inputs, summary_co
 import flows.merge
 from tasks import merge
 from tasks.merge import PROVENANCE_KEY, read_provenance
+from tasks.verify import PROVENANCE
 
 
 def rewrite(uri: str, change_table=lambda t: t, change_prov=lambda p: p) -> None:
@@ -120,3 +121,18 @@ def test_overwrite_before_honours_the_zone_it_names(tmp_path, run, monkeypatch):
 
 def test_merge_module_has_the_clock_the_tests_patch():
     assert flows.merge.now_utc is merge.now_utc  # the run's start comes from here (Job.started)
+
+
+@pytest.mark.parametrize("change", [MALFORMED["a-list"], MALFORMED["operations-a-string"]],
+                         ids=["a-list", "operations-a-string"])
+def test_verify_fails_an_output_with_malformed_provenance_without_crashing(tmp_path, run, cli, change):
+    setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS)
+    assert run(setup.pipeline, "--output-prefix", setup.output)[0] == 0
+    rewrite(setup.output + REL[2], change_prov=change)
+    report_path = tmp_path / "report.json"
+    code, out, err = cli("verify", setup.pipeline, "--output-prefix", setup.output, "--samples", "0",
+                         "--json", report_path)
+    assert code == 1 and "unexpected" not in err, out + err
+    report = json.loads(report_path.read_text())
+    failed = {c["name"]: c["failures"] for c in report["checks"] if not c["passed"]}
+    assert failed == {PROVENANCE: [{"path": REL[2], "detail": "no sidecar_ops provenance in the footer"}]}, failed
