@@ -7,8 +7,8 @@ same values behave alike. Nothing below reads the environment for these choices.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
 import uuid
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 from flows.interrupt import DEFAULT_GRACE

@@ -36,7 +36,7 @@ class Plan:
     complete: list[str] = field(default_factory=list)
     todo: list[str] = field(default_factory=list)
     stale: list[tuple[str, str]] = field(default_factory=list)    # (relpath, which inputs changed)
-    foreign: list[tuple[str, str]] = field(default_factory=list)  # (relpath, their fingerprint)
+    foreign: list[tuple[str, str]] = field(default_factory=list)  # (relpath, their fingerprint, or why none)
     broken: list[tuple[str, str]] = field(default_factory=list)   # (relpath, why it is not trusted)
     replaced: list[tuple[str, str]] = field(default_factory=list)  # (relpath, not written by the overwrite continued)
 
