@@ -84,6 +84,15 @@ MUTANTS = [
            "                    if u[\"UploadId\"] != self.upload:\n"
            "                        abort_upload(self.fs, self.bucket, self.key, u[\"UploadId\"])\n",
            ("tests/test_s3_uploads.py::test_a_retried_create_never_aborts_another_writers_upload",)),
+    Mutant("O5", "No orphaned uploads after failures", "the dry run sweeps leftovers (temp files, old uploads)",
+           "tasks/dryrun.py", "    plan = make_plan(job, overwrite=overwrite)\n",
+           "    plan = make_plan(job, overwrite=overwrite)\n"
+           "    __import__(\"tasks.storage\").storage.sweep_stale(output_prefix)\n",
+           ("tests/test_dry_run.py::test_dry_run_sweeps_no_leftovers",)),
+    Mutant("O6", "No orphaned uploads after failures", "sweep_stale aborts uploads younger than the threshold (a live "
+           "run's)", "tasks/storage/s3.py", "            if started < cutoff:", "            if True:",
+           (W + "test_sweep_aborts_old_uploads_and_keeps_young_ones",
+            "tests/test_s3_uploads.py::test_a_runs_start_up_sweep_never_touches_a_concurrent_runs_upload")),
     # ------------------------------------------------------------ retries
     Mutant("R1", "Retries with backoff on flaky storage", "every error permanent (never retried)", "tasks/merge.py",
            "                transient=not isinstance(exc, PERMANENT))", "                transient=False)",

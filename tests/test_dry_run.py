@@ -3,13 +3,20 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import boto3
 import pyarrow as pa
+import pytest
 from conftest import free_port, snapshot
 from core_fixtures import build, dqm_op, read_table, write_table
+from faultproxy import DENIED, UNSUPPORTED, proxied  # noqa: F401 (a fixture)
+
+from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.merge import Job, merge_shard
@@ -112,3 +119,89 @@ def test_dry_run_starts_no_prefect_server(tmp_path):
     home = tmp_path / "prefect-home"  # importing prefect may create the folder, but no database or server log
     assert not home.exists() or not any(home.iterdir()), sorted(home.iterdir())
     assert not os.path.exists(setup.output)
+
+
+# ----------------------------------------------------------------- leftovers and the bucket's lifecycle rule
+
+def dead_pid() -> int:
+    """A process id no process of this host has now (searched down from the kernel's largest)."""
+    for pid in range(int(Path("/proc/sys/kernel/pid_max").read_text()) - 1, 300, -1):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            continue
+    raise AssertionError("no free process id")
+
+
+def test_dry_run_sweeps_no_leftovers(tmp_path, root, cli, request):
+    """Under the output prefix: a dead writer's temp file, hours old (local), or an upload the store started
+    7 h ago (S3; the proxy reports its real Initiated). A run's start-up sweep removes it (shown last, so the
+    leftover is a real one); the dry run leaves it where it is."""
+    setup = build(tmp_path, root, shards=2)
+    if storage.is_s3(root):
+        proxy = request.getfixturevalue("proxied")()
+        bucket, _, key = (setup.output + REL[0])[len("s3://"):].partition("/")
+        upload = storage._s3().call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
+        proxy.age(upload, 7 * 3600)
+
+        def leftovers() -> list[str]:
+            return [upload_id for _, upload_id, _ in storage.pending_uploads(setup.output)]
+    else:
+        temp = Path(setup.output) / f"{storage.TEMP_MARK}{socket.gethostname()}-{dead_pid()}-0123abcd"
+        temp.parent.mkdir(parents=True)
+        temp.write_bytes(b"half a shard")
+        hours_ago = time.time() - 7 * 3600
+        os.utime(temp, (hours_ago, hours_ago))
+
+        def leftovers() -> list[str]:
+            return sorted(p.name for p in Path(setup.output).iterdir())
+    before = leftovers()
+    assert len(before) == 1
+    code, out, err = cli("run", setup.pipeline, "--output-prefix", setup.output, "--dry-run")
+    assert code == 0, out + err
+    assert out.rstrip().endswith("dry run OK: nothing written")
+    assert leftovers() == before
+    assert storage.sweep_stale(setup.output) == 1
+    assert leftovers() == []
+
+
+ABORT_RULE = {"ID": "abort", "Status": "Enabled", "Filter": {"Prefix": ""},
+              "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}}
+EXPIRY_RULE = {"ID": "expire", "Status": "Enabled", "Filter": {"Prefix": ""}, "Expiration": {"Days": 30}}
+LIFECYCLE = {  # the bucket's rules -> the dry run's lifecycle line (None: no such line)
+    "no-rules": ([], "has no AbortIncompleteMultipartUpload rule for {output}"),
+    "abort-rule": ([ABORT_RULE], None),
+    "abort-rule-elsewhere": ([{**ABORT_RULE, "Filter": {"Prefix": "logs/"}}],
+                             "has no AbortIncompleteMultipartUpload rule for {output}"),
+    "expiry-rule-only": ([EXPIRY_RULE], "has no AbortIncompleteMultipartUpload rule for {output}"),
+    DENIED: ([ABORT_RULE], "cannot read the lifecycle rules of bucket {bucket} (PermissionError: "),
+    UNSUPPORTED: ([], "cannot read the lifecycle rules of bucket {bucket} (OSError: "),
+}
+
+
+@pytest.mark.parametrize("case", LIFECYCLE)
+def test_dry_run_says_when_the_output_bucket_has_no_abort_rule(tmp_path, s3_root, moto_endpoint, cli, case,
+                                                               proxied):  # noqa: F811
+    """One line when nothing but a run's sweep would abort the output's orphaned uploads: no
+    AbortIncompleteMultipartUpload rule covering the output prefix, or rules the store will not show (denied,
+    or no lifecycle support): never a failure of the dry run."""
+    rules, line = LIFECYCLE[case]
+    setup = build(tmp_path, s3_root, shards=2)
+    bucket = s3_root[len("s3://"):].rstrip("/")
+    if rules:
+        boto3.client("s3", endpoint_url=moto_endpoint).put_bucket_lifecycle_configuration(
+            Bucket=bucket, LifecycleConfiguration={"Rules": rules})
+    refused = case in (DENIED, UNSUPPORTED)
+    proxy = proxied(rate=1.0 if refused else 0.0, faults=(case,) if refused else (DENIED,),
+                    applies=lambda op: op == "GetBucketLifecycleConfiguration")
+    code, out, err = cli("run", setup.pipeline, "--output-prefix", setup.output, "--dry-run")
+    assert code == 0, out + err
+    assert proxy.stats[("ok" if not refused else case, "GetBucketLifecycleConfiguration")] == 1
+    said = [text for text in out.splitlines() if text.startswith("lifecycle: ")]
+    if line is None:
+        assert said == [], out
+    else:
+        assert len(said) == 1 and line.format(output=setup.output, bucket=repr(bucket)) in said[0], out
+    assert "Traceback" not in out + err

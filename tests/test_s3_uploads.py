@@ -96,7 +96,8 @@ def held():
 
 # ----------------------------------------------------------------- never abort what this process did not start
 
-def test_a_retried_create_never_aborts_another_writers_upload(s3_root, proxied, moto_endpoint, small_parts):  # noqa: F811
+def test_a_retried_create_never_aborts_another_writers_upload(s3_root, moto_endpoint, small_parts,
+                                                              proxied):  # noqa: F811
     """Writer B's first CreateMultipartUpload reaches the store but its reply is lost; B's retry is held at the
     proxy while writer A (another run writing the same shard) starts its upload; then B's retry goes on and B
     completes. A's upload survives and A's write completes (the object is A's, the last complete). The upload
@@ -136,8 +137,8 @@ def test_a_retried_create_never_aborts_another_writers_upload(s3_root, proxied, 
 
 
 @pytest.mark.parametrize("aborted_before", ["upload_part", "complete_multipart_upload"])
-def test_an_upload_someone_else_aborted_fails_the_write_transiently(s3_root, moto_endpoint, proxied, monkeypatch,  # noqa: F811
-                                                                  small_parts, aborted_before):
+def test_an_upload_someone_else_aborted_fails_the_write_transiently(s3_root, moto_endpoint, monkeypatch, small_parts,
+                                                                  aborted_before, proxied):  # noqa: F811
     """Another party (a sweep, a lifecycle rule, an operator) aborts the upload before a part or before the
     completion: S3 answers NoSuchUpload (the proxy answers for moto, which fails with a 500), and the write fails
     with an error worth a retry, which succeeds."""
@@ -169,8 +170,8 @@ def test_an_upload_someone_else_aborted_fails_the_write_transiently(s3_root, mot
 
 # ----------------------------------------------------------------- the sweep judges by the store's clock
 
-def test_a_runs_start_up_sweep_never_touches_a_concurrent_runs_upload(tmp_path, s3_root, proxied, moto_endpoint,  # noqa: F811
-                                                                      small_parts, held, run):
+def test_a_runs_start_up_sweep_never_touches_a_concurrent_runs_upload(tmp_path, s3_root, moto_endpoint, small_parts,
+                                                                      held, run, proxied):  # noqa: F811
     """Writer A (another run writing a shard of the same output prefix) is mid-upload when a run starts and
     sweeps leftovers: A's upload is young by the store's clock and stays; A then completes."""
     setup = build(tmp_path, s3_root, shards=2)
