@@ -6,7 +6,8 @@ fixture of any scope it is the first to need, not from a worker thread. One audi
 every process start of the interpreter; it consults the state the pytest hooks below keep (which test runs, which
 fixture is being set up) and, when a fast test starts a process, refuses the start and fails the test at the end
 of that phase, naming the command and the markers. Audit hooks cannot be removed: outside a fast test the hook
-returns at once. Exceptions are named below, each with its reason: ALLOWED_FIXTURES and ALLOWED_TESTS.
+returns at once. Exceptions are named below, each with its reason: ALLOWED_FIXTURES, ALLOWED_TESTS and
+ALLOWED_COMMANDS.
 """
 from __future__ import annotations
 
@@ -43,6 +44,13 @@ ALLOWED_TESTS = {
         "its inner session's slow test and allowed fixture each start a two-line shell script",
 }
 
+# Commands a fast test may start wherever it is first to import what runs them: the probe that starts is cheap.
+ALLOWED_COMMANDS = {
+    # platform.architecture() asks `file` about the interpreter; prefect's vendored croniter calls it on import,
+    # so whichever fast test first imports prefect.server would fail alone, or in a run without a flow test.
+    f"file -b {os.path.realpath(sys.executable)}": "platform.architecture()'s probe of the interpreter",
+}
+
 # Every audit event that starts a process (os.fork covers multiprocessing's default start method, os.spawn*,
 # pty.spawn goes through os.forkpty). SPAWNV_EVENT is raised by the shim below.
 SPAWNV_EVENT = "tier_guard.spawnv_passfds"
@@ -61,7 +69,10 @@ class Guard:
     def check(self, event: str, args: tuple) -> None:
         if self.test is None or any(name in ALLOWED_FIXTURES for name, _ in self.fixtures):
             return
-        message = f"a fast test starts `{command_line(event, args)}`{self.where()}: " \
+        command = command_line(event, args)
+        if command in ALLOWED_COMMANDS:
+            return
+        message = f"a fast test starts `{command}`{self.where()}: " \
                   f"mark it with one of {', '.join(HEAVY)}"
         self.violations.append(message)
         raise pytest.fail.Exception(message, pytrace=False)
