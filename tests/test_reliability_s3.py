@@ -49,7 +49,10 @@ def test_ten_percent_faults_merge_completes_and_verifies(tmp_path, s3_root, moto
     assert_output_verifies(demo)
     assert len(assert_no_partial_shard(demo)) == 6
     assert storage.list_prefix(demo.output).others == ()
-    assert pending_uploads(moto_endpoint, s3_root) == []
+    # Every upload the run started is completed or aborted; only one whose CreateMultipartUpload reply was lost
+    # (the run never heard its id) is left, to the age-based sweep and the bucket's lifecycle rule.
+    left = {u["UploadId"] for u in pending_uploads(moto_endpoint, s3_root)}
+    assert left <= proxy.unheard, (left, proxy.unheard)
     assert {name: snapshot(prefix) for name, prefix in demo.prefixes.items()} == inputs
 
 
