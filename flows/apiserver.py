@@ -9,7 +9,7 @@ the environment it answers GET /sidecar-ops/server-id with that value (the run's
 server). Everything else comes from the environment flows/server.py prepares (database, services, UI, and
 whether the database still needs migrating).
 
-The server outlives SIGINT and SIGTERM while the run that started it (its parent) lives: `ray job stop` and
+The server outlives SIGINT, SIGTERM and SIGHUP while the run that started it (its parent) lives: `ray job stop` and
 systemd send SIGTERM to every process of a run, not just the run, and the run still needs its API for the
 grace period, the summary and a Cancelled flow run. The run stops it with STOP_SIGNAL (SIGUSR1: an orderly
 shutdown) or SIGKILL; once the run is gone (PR_SET_PDEATHSIG sends SIGTERM) any of them ends it.
@@ -36,12 +36,13 @@ def run_alive(run_pid: int) -> bool:
 
 
 def outlive_signals_while_the_run_lives(run_pid: int) -> None:
-    """Until uvicorn installs its handlers: SIGINT/SIGTERM end this process only once the run is gone."""
+    """SIGINT/SIGTERM (until uvicorn installs its handlers) and SIGHUP end this process only once the run is
+    gone."""
     def on_signal(signum, _frame):
         if not run_alive(run_pid):
             sys.exit(128 + signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
 
 

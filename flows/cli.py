@@ -1,7 +1,8 @@
 """`sidecar-ops`: run (or dry-run) a merge, verify an output, build the demo.
 
 Exit codes: 0 success; 1 shards failed (or verification failed); 2 bad configuration or arguments;
-130 interrupted (Ctrl-C or SIGTERM: the summary says what was done and how to resume).
+130 interrupted (Ctrl-C, SIGTERM or SIGHUP before the work was done: the summary says what was done and how to
+resume; a signal once the work is done leaves the exit code it earned).
 Errors are one line each; `--debug` adds tracebacks and Prefect/Ray logs.
 """
 from __future__ import annotations
@@ -12,9 +13,9 @@ import os
 import sys
 import traceback
 
-from flows.interrupt import DEFAULT_GRACE, Interrupted, until_flow
-from flows.runconfig import (DEFAULT_MAX_INFLIGHT, DEFAULT_SAMPLES, DEFAULT_VERIFY_INFLIGHT, RunConfig,
-                             RunnerChoice)
+# Only light imports here: the signals are ours from `main`'s first line (flows/interrupt.py), and what runs
+# before it (these imports) is a window in which a signal still has the system's default effect.
+from flows.interrupt import DEFAULT_GRACE, MAX_GRACE, Interrupted, grace_seconds, late_signals, owned
 from tasks.errors import ConfigError, ShardError
 from tasks.summary import RunFailed
 
@@ -74,9 +75,10 @@ def parser() -> argparse.ArgumentParser:
                         help="recompute only outputs written by runs started before TIME (ISO 8601, UTC unless it "
                         "names a zone), by the clock of the machine that ran each (skew moves the line)")
     run.add_argument("--fail-fast", action="store_true", help="stop submitting shards after the first failure")
-    run.add_argument("--grace-seconds", type=float, default=DEFAULT_GRACE, help="after a first Ctrl-C or SIGTERM, "
+    run.add_argument("--grace-seconds", default=DEFAULT_GRACE, help="after a first Ctrl-C, SIGTERM or SIGHUP, "
                      f"how long shards in flight may take to finish before they are abandoned (default "
-                     f"{DEFAULT_GRACE:g}); a second signal abandons them at once")
+                     f"{DEFAULT_GRACE:g}, at most {MAX_GRACE:g}: no shard needs a day, and no scheduler waits that "
+                     "long before killing); a second signal abandons them at once")
     run.add_argument("--retries", type=int, default=1, help="retries per shard task on I/O errors (default 1)")
     layout = run.add_mutually_exclusive_group()
     layout.add_argument("--fuse-operations", dest="fuse_operations", action="store_true", default=True,
@@ -102,6 +104,9 @@ def parser() -> argparse.ArgumentParser:
 
 def run_config(args, command: str):
     """The RunConfig of `run` or `verify`, from the command line; ConfigError (exit 2) for bad input."""
+    from flows.runconfig import (DEFAULT_MAX_INFLIGHT, DEFAULT_SAMPLES, DEFAULT_VERIFY_INFLIGHT, RunConfig,
+                                 RunnerChoice)
+
     runner = RunnerChoice(args.use_ray, args.ray_address, args.task_cpus, args.task_memory_gb, debug=args.debug)
     if command == "verify":
         return RunConfig.load(args.pipeline, args.output_prefix, args.datasets_dir, runner=runner,
@@ -113,7 +118,7 @@ def run_config(args, command: str):
                             overwrite=args.overwrite, fail_fast=args.fail_fast, retries=args.retries,
                             fuse_operations=args.fuse_operations, overwrite_before=args.overwrite_before,
                             continue_overwrite=args.continue_overwrite,
-                            grace_seconds=args.grace_seconds)
+                            grace_seconds=grace_seconds(args.grace_seconds))
     if config.new_output:
         print(f"NOTE: no --output-prefix given; writing to a NEW prefix {config.output_prefix}\n"
               f"      (sidecar_prefix in the YAML is {config.pipeline.dataset.sidecar_prefix}; pass --output-prefix "
@@ -162,12 +167,23 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    quiet_environment(args.debug)
+def main(argv: list[str] | None = None, for_good: bool = False) -> int:
+    """`sidecar-ops ARGS`: the exit code. SIGINT, SIGTERM and SIGHUP are handled from the first line
+    (flows/interrupt.py); `for_good` (the console's): until the process exits."""
+    with owned(for_good=for_good):
+        args = parser().parse_args(argv)
+        quiet_environment(args.debug)
+        code = outcome(args)
+        if late := late_signals():
+            print(f"({', '.join(late)} received after the work was done: ignored, the result stands)",
+                  file=sys.stderr)
+        return code
+
+
+def outcome(args) -> int:
+    """Run the command; every way it can end as an exit code, with one line (or the summary) on stderr."""
     try:
-        with until_flow():
-            return {"run": cmd_run, "verify": cmd_verify, "demo": cmd_demo}[args.command](args)
+        return {"run": cmd_run, "verify": cmd_verify, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:
         _report(args, exc, "error")
         return EXIT_CONFIG
@@ -179,16 +195,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
     except Interrupted as exc:
         if exc.result is None:  # verify: a partial report would say nothing of the shards not checked
-            print(f"interrupted by {exc.reason}: verification incomplete; rerun the same command", file=sys.stderr)
+            print(f"interrupted by {exc.reason}: {exc.unfinished}; rerun the same command", file=sys.stderr)
         else:
             print("\n".join(exc.result.lines()), file=sys.stderr)
         global abandoned_work
         abandoned_work = bool(getattr(exc.result, "abandoned", 0))
         return EXIT_INTERRUPTED
-    except KeyboardInterrupt as exc:  # before or after the shard loop, or a second signal
-        # Only before the flow run starts (nothing written yet) or as it ends: its summary says the rest.
-        print(f"interrupted{f' by {exc}' if str(exc) else ''}; rerun the same command to resume (complete shards "
-              "are kept)", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # starting up: no flow run yet, nothing written
+        print(f"interrupted{f' by {exc}' if str(exc) else ''} before any shard started: nothing written; rerun the "
+              "same command", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # anything unexpected: still one line unless --debug
         _report(args, exc, f"unexpected {type(exc).__name__}")
@@ -209,7 +224,7 @@ abandoned_work = False  # an interrupted run left shard tasks running in this pr
 def console(argv: list[str] | None = None) -> None:
     """The `sidecar-ops` command. After an interrupted run whose grace period ran out, exit without waiting for
     the shard threads still running (Python would join them first): their writes never appear (atomic)."""
-    code = main(argv)
+    code = main(argv, for_good=True)
     if abandoned_work:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -11,7 +11,7 @@ import logging
 import sys
 
 from flows import cluster, compat
-from flows.interrupt import Interrupted
+from flows.interrupt import Interrupted, flow_running
 from flows.runconfig import RunConfig, RunnerChoice
 from flows.server import configured_api, prefect_api
 from tasks.report import table_lines, write_json
@@ -105,9 +105,12 @@ def run_merge(config: RunConfig, keep_history: bool = False) -> int:
     with session(config, "merging", "flows.merge", keep_history):
         from flows.merge import merge_flow  # imported while the server started
 
-        state = merge_flow(**config.flow_parameters(*MERGE_PARAMETERS), return_state=True)
-        if state.is_cancelled():  # stopped by SIGINT/SIGTERM: the summary says what was and was not done
+        with flow_running(config.grace_seconds):
+            state = merge_flow(**config.flow_parameters(*MERGE_PARAMETERS), return_state=True)
+        if state.is_cancelled():  # stopped by a signal: the summary says what was and was not done
             summary = state.result(raise_on_failure=False)
+            if isinstance(summary, str):  # the signal's name: it came before any shard started
+                raise Interrupted(summary, unfinished="no shard started, nothing written")
             raise Interrupted(summary.stop_reason, summary)
         summary = state.result()  # RunFailed (exit 1) when shards failed
     print("\n".join(summary.lines()))
@@ -120,7 +123,8 @@ def run_verify(config: RunConfig, keep_history: bool = False, json_path: str | N
         from flows.verify import VerifyFailed, verify_flow
 
         try:
-            state = verify_flow(**config.flow_parameters(*VERIFY_PARAMETERS), return_state=True)
+            with flow_running(0.0):
+                state = verify_flow(**config.flow_parameters(*VERIFY_PARAMETERS), return_state=True)
             if state.is_cancelled():
                 raise Interrupted(state.result(raise_on_failure=False))
             report = state.result()

@@ -15,13 +15,13 @@ from prefect.states import Cancelled, State
 
 from flows.artifacts import ProgressArtifact, publish_summary
 from flows.runconfig import DEFAULT_MAX_INFLIGHT, DEFAULT_RETRIES, RunConfig, RunnerChoice
-from flows.interrupt import DEFAULT_GRACE, Stop, handling
+from flows.interrupt import DEFAULT_GRACE, Interruption, Stop, grace_seconds, handling
 from flows.scheduler import Window, make_runner, run_window
 from tasks.merge import Job, now_utc, overwrite_fields
 from tasks.plan import Plan, make_plan, refuse_foreign, refuse_unmatched
 from tasks.prefect_tasks import fused_shard, merge_step
 from tasks.progress import Progress
-from tasks.storage import sweep_stale
+from tasks.storage import abandon_writes, sweep_stale
 from tasks.summary import RunFailed, Summary
 
 PLAN_LINES = 20  # untrusted outputs named one per log line; the rest are counted
@@ -106,11 +106,17 @@ def merge_flow(pipeline: str, output_prefix: str, overwrite: bool = False,
 
 
 def merge(config: RunConfig) -> Summary | State:
-    """The body of a merge flow run: plan, refuse what cannot be right, run the shards, summarize. A SIGINT or
-    SIGTERM from here on stops it the documented way (flows/interrupt.py): a Cancelled state with the summary."""
+    """The body of a merge flow run: plan, refuse what cannot be right, run the shards, summarize. A SIGINT,
+    SIGTERM or SIGHUP stops it the documented way (flows/interrupt.py): a Cancelled state (with the summary
+    once shards may have started), unless the work was done when it came."""
     stop = Stop()
-    with handling(stop, config.grace_seconds):
-        return merge_until(config, stop)
+    with handling(stop, grace_seconds(config.grace_seconds)):
+        try:
+            if stop.requested:  # a signal came as the flow run started
+                raise Interruption(stop.reason)
+            return merge_until(config, stop)
+        except Interruption as exc:  # ... or while planning: no shard started, nothing written
+            return Cancelled(message=f"interrupted by {exc}: no shard started", data=str(exc))
 
 
 def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
@@ -120,13 +126,14 @@ def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
     job = Job(config.pipeline, config.output_prefix, run_id=this_run, started=started,
               fetch_ahead=steps_share_a_process(config),
               **overwrite_fields(config.overwrite, this_run, config.continue_overwrite, config.overwrite_before))
-    plan = make_plan(job, overwrite=config.overwrite)
-    refuse_unmatched(plan)
-    if not config.overwrite:
-        refuse_foreign(plan)
-    if swept := sweep_stale(config.output_prefix):
-        logger.info("removed %d leftover temp file(s)/upload(s) of killed writers under %s", swept,
-                    config.output_prefix)
+    with stop.nothing_written():  # a signal while planning ends the run at once
+        plan = make_plan(job, overwrite=config.overwrite)
+        refuse_unmatched(plan)
+        if not config.overwrite:
+            refuse_foreign(plan)
+        if swept := sweep_stale(config.output_prefix):
+            logger.info("removed %d leftover temp file(s)/upload(s) of killed writers under %s", swept,
+                        config.output_prefix)
     summary = Summary(config.output_prefix, total=len(plan.shards), skipped=len(plan.complete),
                       stale_shards=[rel for rel, _ in plan.stale])
     summary.continue_with = continuation(job)
@@ -138,20 +145,23 @@ def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
     ui.update(summary.skipped)
     window = Window()
     if plan.todo and not stop.requested:
-        # Our signal handlers again once the runner has started: Ray installs a SIGTERM handler of its own.
-        with make_runner(config.runner, PREFECT_API_URL.value()) as runner, handling(stop, config.grace_seconds):
+        with make_runner(config.runner, PREFECT_API_URL.value()) as runner:
             run_shards(ShardSteps(runner, plan, config), plan.todo, config, summary, progress, ui, logger, stop,
                        window)
-            if window.abandoned and hasattr(runner, "abandon"):
-                runner.abandon()
-    summary.stopped(stop.reason, not_started=len(plan.todo) - window.submitted, abandoned=window.abandoned)
+            stop.done = True  # a signal from now on changes nothing
+            if window.abandoned:
+                abandon(runner)
+    stop.done = True
+    not_started = len(plan.todo) - window.submitted
+    if not_started or window.abandoned or stop.reason == "--fail-fast":  # else the stop left nothing undone
+        summary.stopped(stop.reason, not_started=not_started, abandoned=window.abandoned)
     progress.close()
     ui.update(summary.finished, final=True)
     summary.seconds = time.monotonic() - start
     for line in summary.lines():
         logger.info(line)
     publish_summary(summary, config.pipeline.path)
-    if stop.by_signal:  # the flow run ends Cancelled, not Crashed; the command line exits 130
+    if summary.stop_reason and stop.by_signal:  # the flow run ends Cancelled, not Crashed; the CLI exits 130
         return Cancelled(message=f"interrupted by {stop.reason}: {summary.headline()}", data=summary)
     if not summary.ok:
         raise RunFailed(summary)
@@ -166,6 +176,14 @@ def continuation(job: Job) -> str:
     if job.overwrite_before:
         return f"--overwrite-before {job.overwrite_before}"
     return f"--continue-overwrite {job.overwrite_id}"
+
+
+def abandon(runner) -> None:
+    """The grace period is over: this process's writes of the shards abandoned in flight are taken back (no temp
+    file, no upload left) and the thread pool is not waited for. Ray's tasks end with this driver."""
+    abandon_writes()
+    if hasattr(runner, "abandon"):
+        runner.abandon()
 
 
 def log_plan(logger, plan, summary: Summary) -> None:

@@ -14,7 +14,7 @@ from prefect.states import Cancelled
 
 from flows.interrupt import Interrupted, Stop, handling
 from flows.runconfig import DEFAULT_SAMPLES, DEFAULT_VERIFY_INFLIGHT, RunConfig, RunnerChoice
-from flows.scheduler import make_runner, run_window
+from flows.scheduler import Window, make_runner, run_window
 from tasks.merge import Job
 from tasks.prefect_tasks import worth_retrying
 from tasks.report import artifact_rows, stats_markdown
@@ -41,16 +41,18 @@ def verify_shard(job: Job, shard: ShardTask, specs: tuple) -> ShardResult:
 
 def scheduled_checks(runner, max_inflight: int, stop: Stop):
     """A tasks.verify Runner: shard checks as Prefect tasks through the shard scheduler's window. A signal
-    ends it with Interrupted: a report of some shards would say nothing of the others."""
+    ends it with Interrupted if it left a shard unchecked: a report of some shards would say nothing of the
+    others."""
 
     def run(job: Job, specs: tuple, shards: list[ShardTask]):
         submit = lambda shard: [runner.submit(verify_shard, {"job": job, "shard": shard, "specs": specs})]  # noqa: E731
-        for done in run_window(shards, submit, max_inflight, stop):
+        window = Window()
+        for done in run_window(shards, submit, max_inflight, stop, window):
             if done.ok:
                 yield done.result()
             else:
                 yield ShardResult(done.item.relpath, failures={BASE: f"shard check did not finish: {done.error()}"})
-        if stop.by_signal:
+        if stop.by_signal and (window.abandoned or window.submitted < len(shards)):
             raise Interrupted(stop.reason)
 
     return run
@@ -74,8 +76,7 @@ def check(config: RunConfig) -> dict:
     job = Job(config.pipeline, config.output_prefix)
     stop = Stop()
     try:
-        with handling(stop, grace=0.0), make_runner(config.runner, PREFECT_API_URL.value()) as runner, \
-                handling(stop, grace=0.0):  # again once the runner has started: Ray installs its own
+        with handling(stop, grace=0.0), make_runner(config.runner, PREFECT_API_URL.value()) as runner:
             report = verify(job, samples=config.samples, seed=config.seed, all_shards=config.all_shards,
                             run=scheduled_checks(runner, config.max_inflight, stop)).to_dict()
     except Interrupted as exc:  # the flow run ends Cancelled; the command line exits 130

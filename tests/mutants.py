@@ -43,6 +43,7 @@ class Mutant:
 
 W = "tests/test_write_path.py::"
 BAD = "tests/test_bad_inputs.py::test_bad_input"
+SIG = "tests/test_signal_phases.py::"
 
 MUTANTS = [
     # ------------------------------------------------------------ atomic shards
@@ -254,8 +255,31 @@ MUTANTS = [
            "        return bool(started and before and started.replace(tzinfo=before.tzinfo) >= before)",
            ("tests/test_provenance_trust.py::test_a_run_started_without_a_zone_is_not_trusted_by_overwrite_before",)),
     Mutant("N3", "One way to be interrupted", "a signal during verify ends it with a partial report",
-           "flows/verify.py", "        if stop.by_signal:\n            raise Interrupted(stop.reason)\n", "",
+           "flows/verify.py",
+           "        if stop.by_signal and (window.abandoned or window.submitted < len(shards)):\n"
+           "            raise Interrupted(stop.reason)\n", "",
            ("tests/test_interrupt.py::test_a_signal_during_verify_ends_it_incomplete_not_passed",)),
+    Mutant("G1", "One way to be interrupted", "a second signal waits out the grace period like the first",
+           "flows/interrupt.py", "            stop.request(name, grace=0.0 if again else self.grace)",
+           "            stop.request(name, grace=self.grace)",
+           ("tests/test_interrupt_process.py::test_a_second_signal_abandons_the_shard_in_flight_at_once",)),
+    Mutant("G2", "One way to be interrupted", "Prefect's and Ray's own SIGTERM handlers replace the run's",
+           "flows/interrupt.py", "    signal.signal = _others_refused\n", "",
+           (SIG + "test_libraries_cannot_replace_the_runs_signal_handler",
+            SIG + "test_a_signal_as_the_flow_run_starts_cancels_it_before_any_shard")),
+    Mutant("G3", "One way to be interrupted", "a write abandoned when the grace runs out leaves its temp file",
+           "flows/merge.py", "    abandon_writes()\n", "",
+           ("tests/test_interrupt_process.py::test_a_grace_period_that_runs_out_during_a_write_takes_the_write_back",)),
+    Mutant("G4", "One way to be interrupted", "a signal during the summary is taken as a request to stop",
+           "flows/interrupt.py", "        if self.phase == OVER or (stop is not None and stop.done):",
+           "        if self.phase == OVER:",
+           (SIG + "test_a_signal_during_the_summary_leaves_the_exit_code_the_work_earned[all-merged]",)),
+    Mutant("G5", "One way to be interrupted", "a signal while planning lets planning go on to its end",
+           "flows/interrupt.py", "        elif self.phase == STARTING or (stop is not None and stop.at_once):",
+           "        elif self.phase == STARTING:", (SIG + "test_a_signal_while_planning_ends_the_run_at_once",)),
+    Mutant("G6", "One way to be interrupted", "--grace-seconds accepts infinity and more than a day",
+           "flows/interrupt.py", "    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_GRACE):",
+           "    if not 0 <= seconds:", (SIG + "test_grace_seconds_is_a_finite_number_from_0_to_a_day[inf]",)),
     # ------------------------------------------------------------ nothing dropped
     Mutant("D1", "Nothing dropped silently", "an empty (0-byte) base shard dropped by the listing",
            "tasks/storage/__init__.py", '        if rel.endswith(".parquet"):',

@@ -45,9 +45,11 @@ def start_run(argv: list[str], env: dict[str, str], log_dir: Path) -> tuple[subp
 
 
 def default_sigint() -> None:
-    """Ctrl-C as in a terminal: a test runner started in the background (`cmd &`, nohup) inherits SIGINT
-    ignored, and an ignored signal stays ignored across exec, so the run would never see it."""
+    """Ctrl-C (and a hang-up) as in a terminal: a test runner started in the background (`cmd &`, nohup)
+    inherits SIGINT (SIGHUP) ignored, and an ignored signal stays ignored across exec, so the run would never
+    see it."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def finish(proc: subprocess.Popen, out: Path, err: Path, timeout: float = RUN_TIMEOUT) -> tuple[int, str, str]:

@@ -11,6 +11,10 @@ SIDECAR_OPS_TEST_HOLD_WRITE_AT=N instead, the N-th output write holds half-way: 
 file is written (before the fsync and the rename), on S3 once the first part of its multipart upload is in
 (before the rest and the completion).
 
+SIDECAR_OPS_TEST_HOLD_IN=PHASE instead holds the run's main thread once, at a phase of a run: `startup` (its
+first configuration load, before its Prefect server starts), `summary` (publishing the summary artifact, every
+shard finished) or `exit` (the last exit handler, the summary printed): a signal sent then lands in that phase.
+
 SIDECAR_OPS_TEST_HOLD_ARMED=1 (for processes started before the test acts, e.g. a Ray cluster's workers): the
 first base read in any process, once DIR/armed exists, claims DIR/held (writing "PID RELPATH") and holds;
 every other read goes on.
@@ -81,6 +85,30 @@ if os.environ.get("SIDECAR_OPS_TEST_BARRIER") or os.environ.get("SIDECAR_OPS_TES
         return _real_open_shard(job, relpath, *args, **kwargs)
 
     merge.read_base, merge.open_shard = read_base, open_shard
+
+    def hold_in(phase: str, real):
+        """`real`, the first call of which holds first, if the test asked to hold in `phase`."""
+        if os.environ.get("SIDECAR_OPS_TEST_HOLD_IN") != phase:
+            return real
+
+        def held(*args, **kwargs):
+            if counted(phase) == 1:
+                hold(phase)
+            return real(*args, **kwargs)
+        return held
+
+    if os.environ.get("SIDECAR_OPS_TEST_HOLD_IN") == "startup":
+        from flows.runconfig import RunConfig
+
+        RunConfig.load = classmethod(hold_in("startup", RunConfig.load.__func__))
+    if os.environ.get("SIDECAR_OPS_TEST_HOLD_IN") == "summary":
+        from flows import artifacts  # before flows.merge imports its publish_summary
+
+        artifacts.publish_summary = hold_in("summary", artifacts.publish_summary)
+    if os.environ.get("SIDECAR_OPS_TEST_HOLD_IN") == "exit":
+        import atexit
+
+        atexit.register(hold_in("exit", lambda: None))  # registered first: runs last
 
     if os.environ.get("SIDECAR_OPS_TEST_HOLD_WRITE_AT"):
         from tasks.storage.local import LocalBackend
