@@ -162,3 +162,19 @@ def test_a_signal_ignored_when_the_process_started_stays_ignored():
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def test_a_deployment_refuses_an_endless_grace_period(tmp_path, prefect_api, monkeypatch):
+    """A flow run started without the command line (a deployment's parameters) checks grace_seconds too: the
+    flow run fails with the one line, before anything is planned or written (before: it ran, and the first
+    signal raised OverflowError)."""
+    from flows.merge import merge_flow
+
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api)
+    setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS)
+    state = merge_flow(pipeline=str(setup.pipeline), output_prefix=setup.output, grace_seconds=float("inf"),
+                       return_state=True)
+    assert state.is_failed()
+    assert str(state.result(raise_on_failure=False)) == ("--grace-seconds: inf is not a number of seconds from 0 "
+                                                         "to 86400")
+    assert objects(setup.output) == []
