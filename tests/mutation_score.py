@@ -6,9 +6,10 @@ mutant, the fast-tier tests that reach the mutated function; its results live in
 triage file tests/mutation-survivors.txt and prints, per module: mutants generated, killed, survived and triaged
 as equivalent, survived untriaged, and the score (killed / generated: an equivalent is not a kill).
 
-Triage file, one surviving mutant a line: `<mutant name>  equivalent  <why, one line>`. A line naming a mutant
-that no longer survives (killed now, or gone after a code change) is stale: reported, and an error with
---check. Not collected by pytest (no `test_` prefix).
+Triage files (tests/mutation_survivors/<module>.txt), one surviving mutant a line:
+`<mutant name>  equivalent  <why, one line>`; `mutmut show <mutant name>` prints the change. A survivor that is
+not equivalent gets a test that kills it instead. A line naming a mutant that no longer survives (killed now,
+or gone after a code change) is stale: reported, and an error with --check. Not collected by pytest (no `test_` prefix).
 
     python tests/mutation_score.py                # the table, the untriaged survivors, stale triage lines
     python tests/mutation_score.py --write-doc    # also the table into docs/guarantees.md
@@ -26,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "mutants"
-TRIAGE = ROOT / "tests" / "mutation-survivors.txt"
+TRIAGE = ROOT / "tests" / "mutation_survivors"  # one file a module: tasks.ops.alignment.txt, ...
 DOC = ROOT / "docs" / "guarantees.md"
 BEGIN, END = "<!-- mutation-score:begin -->", "<!-- mutation-score:end -->"
 GOAL = 0.85
@@ -53,17 +54,16 @@ def results() -> dict[str, dict[str, int | None]]:
 
 
 def triage() -> dict[str, str]:
-    """mutant name -> why it is equivalent, from the triage file (the line number kept for messages)."""
+    """mutant name -> why it is equivalent, from the triage files."""
     out = {}
-    if not TRIAGE.exists():
-        return out
-    for number, line in enumerate(TRIAGE.read_text().splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        name, verdict, *why = line.split(None, 2)
-        if verdict != "equivalent" or not why:
-            sys.exit(f"{TRIAGE.relative_to(ROOT)}:{number}: expected '<mutant>  equivalent  <why>', got {line!r}")
-        out[name] = why[0]
+    for path in sorted(TRIAGE.glob("*.txt")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            name, verdict, *why = line.split(None, 2) + [""]
+            if verdict != "equivalent" or not why[0]:
+                sys.exit(f"{path.relative_to(ROOT)}:{number}: expected '<mutant>  equivalent  <why>', got {line!r}")
+            out[name] = why[0]
     return out
 
 
