@@ -22,7 +22,6 @@ import json
 import sys
 import tomllib
 from collections import Counter
-from fnmatch import fnmatch
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,16 +53,19 @@ def results() -> dict[str, dict[str, int | None]]:
 
 
 def triage() -> dict[str, str]:
-    """mutant name -> why it is equivalent, from the triage files."""
+    """mutant name -> why it is equivalent, from every triage file."""
+    return {name: why for path in sorted(TRIAGE.glob("*.txt")) for name, why in triage_file(path).items()}
+
+
+def triage_file(path: Path) -> dict[str, str]:
     out = {}
-    for path in sorted(TRIAGE.glob("*.txt")):
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            name, verdict, *why = line.split(None, 2) + [""]
-            if verdict != "equivalent" or not why[0]:
-                sys.exit(f"{path.relative_to(ROOT)}:{number}: expected '<mutant>  equivalent  <why>', got {line!r}")
-            out[name] = why[0]
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, verdict, *why = line.split(None, 2) + [""]
+        if verdict != "equivalent" or not why[0]:
+            sys.exit(f"{path.relative_to(ROOT)}:{number}: expected '<mutant>  equivalent  <why>', got {line!r}")
+        out[name] = why[0]
     return out
 
 
