@@ -14,6 +14,8 @@ or gone after a code change) is stale: reported, and an error with --check. Not 
     python tests/mutation_score.py                # the table, the untriaged survivors, stale triage lines
     python tests/mutation_score.py --write-doc    # also the table into docs/guarantees.md
     python tests/mutation_score.py --check        # exit 1 unless every module >= GOAL and nothing untriaged
+    python tests/mutation_score.py --retest-survivors   # after adding tests: the next `make mutate` re-tests
+                                                        # every survivor (mutmut keeps a verdict otherwise)
 """
 from __future__ import annotations
 
@@ -43,13 +45,27 @@ def modules() -> list[str]:
     return [m for m in found if not m.endswith("__init__.py") or (ROOT / m).stat().st_size > 0]
 
 
-def results() -> dict[str, dict[str, int | None]]:
+def results(mutants: Path = MUTANTS) -> dict[str, dict[str, int | None]]:
     """module path -> {mutant name: exit code} from mutmut's meta files."""
     out = {}
-    for meta in MUTANTS.rglob("*.py.meta"):
-        module = str(meta.relative_to(MUTANTS))[: -len(".meta")]
+    for meta in mutants.rglob("*.py.meta"):
+        module = str(meta.relative_to(mutants))[: -len(".meta")]
         out[module] = json.loads(meta.read_text())["exit_code_by_key"]
     return out
+
+
+def retest_survivors(mutants: Path) -> int:
+    """Forget the verdict of every mutant that survived or that no test reached, so mutmut runs it again."""
+    forgotten = 0
+    for meta in mutants.rglob("*.py.meta"):
+        data = json.loads(meta.read_text())
+        codes = data["exit_code_by_key"]
+        for name, code in codes.items():
+            if code in SURVIVED | NO_TESTS:
+                codes[name] = None
+                forgotten += 1
+        meta.write_text(json.dumps(data, indent=4))
+    return forgotten
 
 
 def triage() -> dict[str, str]:
@@ -120,10 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-doc", action="store_true")
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--mutants", type=Path, default=MUTANTS, help="mutmut's results folder (default: mutants/)")
+    parser.add_argument("--retest-survivors", action="store_true")
     args = parser.parse_args(argv)
-    if not MUTANTS.exists():
-        sys.exit("no mutants/ folder: run `make mutate` (mutmut run) first")
-    rows, untriaged, stale = score(modules(), results(), triage())
+    if not args.mutants.exists():
+        sys.exit(f"no {args.mutants}: run `make mutate` (mutmut run) first")
+    if args.retest_survivors:
+        print(f"{retest_survivors(args.mutants)} survivors will be tested again by the next `make mutate`")
+        return 0
+    rows, untriaged, stale = score(modules(), results(args.mutants), triage())
     text = table(rows)
     print(text)
     for name in untriaged:
