@@ -1,0 +1,64 @@
+"""Verify's value-for-value comparison (tasks/verify/compare.py): NaN equals NaN at any depth, every other
+difference is counted and the first one named in the one line a verify report shows."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from tasks.errors import ShardError
+from tasks.verify.compare import compare, one_line
+
+NAN = float("nan")
+
+
+def column(values, type=None) -> pa.ChunkedArray:
+    return pa.chunked_array([pa.array(values, type=type)])
+
+
+def test_nan_equals_nan_in_floats_structs_and_lists():
+    """Arrow's own equality says NaN != NaN, so these reach the row-by-row comparison and must still pass."""
+    floats = [1.0, NAN, 3.0]
+    structs = [{"score": NAN, "error": "e"}, {"score": 0.5, "error": None}, None]
+    lists = [[1.0, NAN], [], None]
+    for values in (floats, structs, lists):
+        assert not column(values).equals(column(values))
+        assert compare("c", column(values), column(values)) is None
+
+
+def test_a_nan_against_a_number_differs():
+    assert compare("f", column([NAN, 1.0]), column([2.0, 1.0])) == \
+        "column 'f': 1 of 2 rows differ, first at row 0: nan vs 2.0"
+
+
+def test_struct_differences_are_counted_and_the_first_named():
+    got = column([{"score": NAN, "error": "e"}, None, {"score": 0.25, "error": "x"}])
+    want = column([{"score": NAN, "error": "e"}, {"score": 1.0, "error": "e"}, {"score": 0.5, "error": "x"}])
+    assert compare("wm", got, want) == ("column 'wm': 2 of 3 rows differ, first at row 1: "
+                                        "None vs {'score': 1.0, 'error': 'e'}")
+
+
+def test_list_differences_are_counted_and_the_first_named():
+    """A null list, a longer list and a list with another element each differ; a NaN in the same place does not."""
+    got = column([[1.0, NAN], None, [1.0, 2.0], [3.0, NAN]])
+    want = column([[1.0, NAN], [1.0], [1.0], [3.0, 4.0]])
+    assert compare("l", got, want) == "column 'l': 3 of 4 rows differ, first at row 1: None vs [1.0]"
+
+
+@pytest.mark.parametrize("length, shown", [
+    (78, repr("a" * 78) + " vs " + repr("b" * 78)),             # repr of 80 characters: shown whole
+    (79, repr("a" * 79)[:77] + "... vs " + repr("b" * 79)[:77] + "..."),  # 81: cut to 77 and "..."
+])
+def test_long_values_are_cut_to_80_characters(length, shown):
+    got, want = column(["same", "a" * length]), column(["same", "b" * length])
+    assert compare("s", got, want) == f"column 's': 1 of 2 rows differ, first at row 1: {shown}"
+
+
+@pytest.mark.parametrize("exc, line", [
+    (ShardError("shard a/b.parquet: operations[0]: 2 keys differ\nfirst at row 3"),
+     "shard a/b.parquet: operations[0]: 2 keys differ"),
+    (ShardError("   "), ""),
+    (OSError("cannot read s3://b/x.parquet\ndetails"), "OSError: cannot read s3://b/x.parquet"),
+    (ValueError(""), "ValueError: "),
+])
+def test_one_line_is_the_first_line_named_by_type_unless_a_shard_error(exc, line):
+    assert one_line(exc) == line
