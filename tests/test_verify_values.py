@@ -1,0 +1,81 @@
+"""Verify's data checks on one sampled shard (tasks/verify/values.py): what each operation would have done when an
+output has no provenance (derived from the sources' footers), and the lines a sampled shard's checks report."""
+from __future__ import annotations
+
+import re
+
+import pyarrow.parquet as pq
+from core_fixtures import FILTER_EXTENSIONS, aes_op, build, dqm_op, read_table, remove, watermark_op, write_table
+
+from tasks.config import load_pipeline
+from tasks.demo import relpaths
+from tasks.merge import Job, merge_shard, read_provenance
+from tasks.ops.base import NO_INPUT
+from tasks.ops.lineage import Status, absent, appended, renamed
+from tasks.verify.checks import MERGED
+from tasks.verify.compare import read
+from tasks.verify.footers import op_records
+from tasks.verify.values import deep_failures, derived_records
+
+FIRST, LAST = relpaths(2)  # the demo's watermark sidecar has no sibling for the last shard
+EXTENSIONS = FILTER_EXTENSIONS + [{"name": "ernie_image_aes", "type": "ernie_image_aes_score_v1"},
+                                  {"name": "watermark", "type": "watermark_score_v1"}]
+
+
+def ops(p: dict) -> list[dict]:
+    """An optional dqm, a rename of its column, the required aes and the optional watermark."""
+    return [dqm_op(p, required=False), {"type": "rename_columns", "columns": {"dqm_d1_v6_1": "dqm"}}, aes_op(p),
+            watermark_op(p, required=False)]
+
+
+def setup_job(tmp_path):
+    setup = build(tmp_path, str(tmp_path / "data"), shards=2, ops=ops, extensions=EXTENSIONS)
+    return setup, Job(load_pipeline(setup.pipeline), setup.output)
+
+
+def derived(job: Job, relpath: str) -> list[tuple]:
+    base = read(job.base_uri(relpath), drop=job.pipeline.dataset.image_column)
+    return [(r.status, r.lineage, r.detail) for r in derived_records(job, base.schema, relpath)]
+
+
+def test_derived_records_skip_missing_optional_siblings_and_fail_required_ones(tmp_path):
+    """First shard: the optional dqm sibling and the required aes sibling removed. The rename then finds its
+    column absent because the skipped step would have supplied it (so it needs the history of that shard)."""
+    setup, job = setup_job(tmp_path)
+    remove(setup.prefixes["dqm"] + FIRST)
+    remove(setup.prefixes["aes"] + FIRST)
+    assert derived(job, FIRST) == [
+        (Status.SKIPPED, (), "sibling shard missing"),
+        (Status.PLANNED, (absent("dqm_d1_v6_1", "dqm"),), ""),
+        (Status.FAILED, (), "sibling shard missing"),
+        (Status.PLANNED, (appended("watermark"),), ""),
+    ]
+
+
+def test_derived_records_name_why_a_step_cannot_be_derived(tmp_path):
+    """Last shard: the aes sibling lacks its column (a ShardError, its first line is the detail), the optional
+    watermark has no sibling there."""
+    setup, job = setup_job(tmp_path)
+    aes = setup.prefixes["aes"] + LAST
+    write_table(read_table(aes).drop_columns(["ernie_image_aes"]), aes)
+    names = pq.read_schema(aes).names
+    assert derived(job, LAST) == [
+        (Status.PLANNED, (appended("dqm_d1_v6_1"),), ""),
+        (Status.PLANNED, (renamed("dqm_d1_v6_1", "dqm"),), ""),
+        (Status.FAILED, (), f"column(s) ernie_image_aes not in the source shard (it has: {', '.join(names)}); "
+                            "check `columns` against the score sidecar"),
+        (Status.SKIPPED, (), "sibling shard missing"),
+    ]
+    assert derived_records(job, read(job.base_uri(LAST), drop="image").schema, LAST)[1].input == NO_INPUT
+
+
+def test_a_sibling_gone_since_the_merge_is_named_by_the_merged_columns_check(tmp_path):
+    setup, job = setup_job(tmp_path)
+    merge_shard(job, FIRST)
+    out = read_table(job.output_uri(FIRST))
+    records = op_records(read_provenance(pq.read_metadata(job.output_uri(FIRST))), len(job.pipeline.operations))
+    remove(setup.prefixes["aes"] + FIRST)
+    failures = deep_failures(job, FIRST, out, records)
+    assert list(failures) == [MERGED]
+    assert re.fullmatch(r"operations\[2\]: source shard unreadable: FileNotFoundError: .*/aes/"
+                        + re.escape(FIRST) + r".*", failures[MERGED]), failures[MERGED]
