@@ -1,0 +1,144 @@
+"""The shard plan (tasks/plan.py) driven directly: the planner's refusals and their one line, what a shard task's
+first attempt is told it reads, and the words a stale output is reported with (the CLI shows them; the flow tests
+in test_bad_inputs.py and test_resume_inputs.py check them end to end)."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import pyarrow as pa
+import pytest
+from core_fixtures import build, dqm_op, put_bytes, read_table, watermark_op, write_table
+from faultproxy import DENIED, proxied  # noqa: F401 (a fixture)
+
+from tasks import storage
+from tasks.config import load_pipeline
+from tasks.errors import ConfigError
+from tasks.merge import PROVENANCE_KEY, Job
+from tasks.plan import changed_inputs, make_plan, refuse_foreign, refuse_unmatched
+
+SHARDS = 2
+
+
+def job_for(setup) -> Job:
+    return Job(load_pipeline(setup.pipeline), setup.output)
+
+
+def identity(uri: str) -> str:
+    """The identity of an input as the store gives it now, or 'absent'."""
+    fs, path = storage.filesystem(uri)
+    return storage.file_identity(uri) if fs.exists(path) else storage.ABSENT
+
+
+def test_listed_names_every_input_of_a_shard_with_its_listed_identity(tmp_path, root):
+    """What a shard task's first attempt reads without asking the store again: the base and each sibling by
+    URI, a sibling the listing did not have as 'absent' (the demo's watermark has a gap)."""
+    setup = build(tmp_path, root, shards=SHARDS)
+    plan = make_plan(job_for(setup))
+    p = setup.prefixes
+    absent = 0
+    for rel in plan.shards:
+        uris = [p["base"] + rel, p["dqm"] + rel, p["aes"] + rel, p["watermark"] + rel]
+        expected = {uri: identity(uri) for uri in uris}
+        assert plan.listed(rel) == expected
+        assert expected[p["base"] + rel] != storage.ABSENT and expected[p["dqm"] + rel] != storage.ABSENT
+        absent += expected[p["watermark"] + rel] == storage.ABSENT
+    assert absent == 1, "the demo's watermark gap should leave exactly one shard without a sibling"
+
+
+def test_an_optional_operation_matching_no_base_shard_is_refused_with_its_line(tmp_path):
+    setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS, ops=lambda p: [
+        dqm_op(p), watermark_op({"watermark": p["watermark"][:-1] + "_typo/"}, required=False)])
+    typo = setup.prefixes["watermark"][:-1] + "_typo/"
+    with pytest.raises(ConfigError) as info:
+        refuse_unmatched(make_plan(job_for(setup)))
+    assert str(info.value) == (
+        f"operations[1] (merge_from_sidecar from {typo}) has required: false, but its source_prefix {typo} does not "
+        f"exist: it would be skipped for all {SHARDS} base shards; check source_prefix for a typo, or remove the "
+        "operation")
+
+
+def with_provenance(table: pa.Table, prov: dict) -> pa.Table:
+    return table.replace_schema_metadata({PROVENANCE_KEY: json.dumps(prov).encode()})
+
+
+def test_outputs_of_another_pipeline_are_refused_naming_the_first(tmp_path, root):
+    setup = build(tmp_path, root, shards=SHARDS)
+    job = job_for(setup)
+    first, second = sorted(storage.list_prefix(setup.prefixes["base"]).shards)
+    base = read_table(setup.prefixes["base"] + first).replace_schema_metadata(None)
+    write_table(base, setup.output + first)  # no provenance at all
+    write_table(with_provenance(base, {"fingerprint": "0ther"}), setup.output + second)
+    plan = make_plan(job)
+    assert plan.foreign == [(first, "no sidecar_ops provenance"), (second, "fingerprint 0ther")]
+    with pytest.raises(ConfigError) as info:
+        refuse_foreign(plan)
+    assert str(info.value) == (
+        f"2 existing output shard(s) under {setup.output} were written by a different pipeline or carry no valid "
+        f"provenance (no sidecar_ops provenance; this pipeline is {job.fingerprint}), e.g. {first}; use --overwrite "
+        "to replace them or choose another --output-prefix")
+
+
+def empty_base(setup, what: str) -> None:
+    """Leave the base prefix with no shards: `missing` (nothing there), `junk` (one other object), `empty`
+    (an empty folder; locally only: S3 has no folders)."""
+    base = setup.prefixes["base"]
+    fs, path = storage.filesystem(base)
+    fs.rm(path, recursive=True)
+    if what == "junk":
+        put_bytes(base + "README.txt", b"not a shard")
+    elif what == "empty":
+        fs.makedirs(path, exist_ok=True)
+
+
+@pytest.mark.parametrize("what, state", [
+    ("missing", "does not exist"),
+    ("junk", "holds no non-empty *.parquet shards (1 other objects)"),
+])
+def test_a_base_without_shards_is_refused_saying_whether_it_exists(tmp_path, root, what, state):
+    setup = build(tmp_path, root, shards=SHARDS)
+    empty_base(setup, what)
+    base = setup.prefixes["base"]
+    with pytest.raises(ConfigError) as info:
+        make_plan(job_for(setup))
+    assert str(info.value) == f"main_prefix {base} {state}; check the dataset's main_prefix"
+
+
+def test_an_empty_local_base_folder_exists_but_holds_no_shards(tmp_path):
+    setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS)
+    empty_base(setup, "empty")
+    with pytest.raises(ConfigError) as info:
+        make_plan(job_for(setup))
+    assert str(info.value) == (f"main_prefix {setup.prefixes['base']} holds no non-empty *.parquet shards; "
+                               "check the dataset's main_prefix")
+
+
+def test_a_base_whose_existence_the_store_will_not_tell_is_not_called_missing(tmp_path, s3_root, proxied):  # noqa: F811
+    """Listing the prefix finds nothing, and asking whether it exists is denied (403): the store cannot tell,
+    so the line does not claim the prefix is missing. (s3fs's listing sends one HeadObject of the prefix, its
+    exists() the next: every HeadObject after the first is denied.)"""
+    setup = build(tmp_path, s3_root, shards=SHARDS)
+    empty_base(setup, "missing")
+    job = job_for(setup)
+    heads = itertools.count()
+    proxy = proxied(rate=1.0, faults=(DENIED,), applies=lambda op: op == "HeadObject" and next(heads) > 0)
+    with pytest.raises(ConfigError) as info:
+        make_plan(job)
+    assert proxy.faults_injected("HeadObject") > 0
+    assert str(info.value) == (f"main_prefix {setup.prefixes['base']} holds no non-empty *.parquet shards; "
+                               "check the dataset's main_prefix")
+
+
+CURRENT = {"base": "b2", "operations": ["s1", "absent"]}
+
+
+@pytest.mark.parametrize("recorded, words", [
+    (None, "written without input identities (an older version)"),
+    ({}, "written without input identities (an older version)"),
+    ({"base": "b1", "operations": ["s1", "absent"]}, "base shard changed"),
+    ({"base": "b1", "operations": ["s0", "s9"]}, "base shard, operations[0] sibling, operations[1] sibling changed"),
+    ({"base": "b2", "operations": ["s1"]}, "operations[1] sibling changed"),
+    ({"base": "b2", "operations": ["s1", "absent"]}, "merge semantics changed"),
+])
+def test_a_stale_output_names_the_inputs_that_changed(recorded, words):
+    assert changed_inputs(recorded, CURRENT) == words
