@@ -56,6 +56,7 @@ def test_yaml_builds_the_operation(tmp_path):
     assert op == RenameColumns((("dqm_d1_v6_1", "dqm"), ("width", "image_width")))
     assert op.input(pipe.dataset) is None and op.key_columns(pipe.dataset) == set()
     assert op.to_dict() == {"type": "rename_columns", "columns": {"dqm_d1_v6_1": "dqm", "width": "image_width"}}
+    assert op.meaning(pipe.dataset) == op.to_dict()  # what the fingerprint hashes
     swapped = build(tmp_path / "b", str(tmp_path / "data"), shards=1, **DATASET, ops=lambda p: [
         dqm_op(p), rename(width="image_width", dqm_d1_v6_1="dqm"), aes_op(p), watermark_op(p, required=False)])
     assert load_pipeline(swapped.pipeline).fingerprint == pipe.fingerprint  # one step renames at once
@@ -63,9 +64,12 @@ def test_yaml_builds_the_operation(tmp_path):
 
 @pytest.mark.parametrize("before, columns, message", [
     (False, {"image_key": "k"}, "'image_key' is the dataset's key_column"),
-    (False, {"s3_image_path": "p"}, r"'s3_image_path' is the key column of operations\[2\] \(merge_from_sidecar "),
-    (False, {"image": "picture"}, "'image' is the dataset's image_column"),
-    (False, {"filter_luma": "luma"}, "'filter_luma' is declared in the dataset's schema_extensions"),
+    (False, {"s3_image_path": "p"}, r"'s3_image_path' is the key column of operations\[2\] \(merge_from_sidecar from "
+                                    r"\S+\): rows are aligned by it, so it cannot be renamed$"),
+    (False, {"image": "picture"}, r"'image' is the dataset's image_column: it is never in the output \(a sidecar "
+                                  r"carries no image bytes\), there is nothing to rename$"),
+    (False, {"filter_luma": "luma"}, "'filter_luma' is declared in the dataset's schema_extensions: the output "
+                                     "must carry it under that name$"),
     (False, {"width": "image_key"}, "new name 'image_key' is the dataset's key_column"),
     (False, {"width": "image"}, "new name 'image' is the dataset's image_column"),
     (True, {"width": "s3_image_path"}, r"new name 's3_image_path' is the key column of operations\[1\] "),
@@ -109,11 +113,23 @@ def test_renames_in_place_and_records_lineage(tmp_path):
                                      {"column": "image_width", "change": "rename", "was": "width"}]
 
 
+FILTERS_HAD = ", ".join(e["name"] for e in FILTER_EXTENSIONS)
+
+
 @pytest.mark.parametrize("ops, message", [
-    (lambda p: [rename(width="w"), rename(width="x")],
-     r"operations\[1\] \(rename_columns width -> x\): column\(s\) width to rename not in the table at this step"),
+    (lambda p: [rename(width="w", height="h"), rename(width="x", height="y")],
+     r"operations\[1\] \(rename_columns width -> x, height -> y\): column\(s\) width, height to rename not in the "
+     rf"table at this step \(it has: image_key, s3_image_path, w, h, {FILTERS_HAD}\); check `columns` against the "
+     r"base and earlier operations$"),
     (lambda p: [rename(width="height")],
      r"operations\[0\] \(rename_columns width -> height\): new name\(s\) height already in the table at this step"),
+    (lambda p: [rename(width="filter_luma", height="filter_clarity")],
+     r"operations\[0\] \(rename_columns width -> filter_luma, height -> filter_clarity\): new name\(s\) filter_luma, "
+     r"filter_clarity already in the table at this step; choose other names, or drop those columns first "
+     r"\(drop_columns\)$"),
+    # a column an earlier step dropped is missing, not explained by a skipped step
+    (lambda p: [{"type": "drop_columns", "columns": ["width"]}, rename(width="w")],
+     r"operations\[1\] \(rename_columns width -> w\): column\(s\) width to rename not in the table at this step"),
 ])
 def test_what_only_the_shard_shows_is_a_shard_error(tmp_path, ops, message):
     setup = build(tmp_path, str(tmp_path / "data"), shards=1, ops=ops, **DATASET)
