@@ -1,0 +1,58 @@
+"""Local disk (tasks/storage/local.py): what the sweep of killed writers' leftovers removes and what it keeps.
+
+A temp file is named TEMP_MARK + host + "-" + pid + "-" + random. The sweep removes one whose writer, on this
+host, no longer runs, or one older than the threshold; never a shard (*.parquet), never another file, never a
+young temp file it cannot attribute to a dead writer of this host. Host names often have dashes (EC2's
+ip-10-0-0-7), so the name is read from the right. The clock is fixed, so the threshold's edge is exact.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from tasks import storage
+from tasks.storage import local as local_backend
+
+NOW = 1_700_000_000.0
+THRESHOLD = 3600
+NO_SUCH_PID = 2**22 + 1  # above Linux's largest pid_max: never a running process
+
+
+def temp(host: str, pid: int | str, tail: str = "-0f3a9c") -> str:
+    return f"{storage.TEMP_MARK}{host}-{pid}{tail}"
+
+
+def leftovers(host: str) -> dict[str, tuple[float, bool]]:
+    """name -> (age in seconds, removed by the sweep?)."""
+    me = os.getpid()
+    return {
+        temp(host, NO_SUCH_PID): (0, True),                  # this host, its writer is gone
+        temp(host, me): (0, False),                          # this host, its writer runs (this process)
+        temp(host, me, "-0f3a9d"): (THRESHOLD + 1, True),    # ... but older than the threshold
+        temp(host, me, "-0f3a9e"): (THRESHOLD, False),       # exactly at the threshold: not older
+        temp("other-host", NO_SUCH_PID): (0, False),         # another host's: its writer cannot be checked
+        temp("other-host", me): (THRESHOLD + 1, True),       # ... unless it is old
+        temp(host, "x7"): (0, False),                        # not a pid
+        temp(host, NO_SUCH_PID, ""): (0, False),             # not our naming (no random part)
+        temp(host, NO_SUCH_PID, "-0f3a9f.parquet"): (THRESHOLD + 1, False),  # never a *.parquet
+        "part-0.parquet": (THRESHOLD + 1, False),
+        "report.json": (THRESHOLD + 1, False),
+    }
+
+
+@pytest.mark.parametrize("host", ["vm", "ip-10-0-0-7"])
+def test_the_sweep_removes_a_dead_or_old_writers_temp_files_only(tmp_path, monkeypatch, host):
+    monkeypatch.setattr(socket, "gethostname", lambda: host)
+    monkeypatch.setattr(local_backend.time, "time", lambda: NOW)
+    folder = tmp_path / "out" / "a" / "b"  # the sweep walks every folder under the prefix
+    folder.mkdir(parents=True)
+    files = leftovers(host)
+    for name, (age, _) in files.items():
+        (folder / name).write_bytes(b"x")
+        os.utime(folder / name, (NOW - age, NOW - age))
+    removed = storage.sweep_stale(str(tmp_path / "out") + "/", older_than_seconds=THRESHOLD)
+    kept = sorted(name for name, (_, gone) in files.items() if not gone)
+    assert sorted(os.listdir(folder)) == kept
+    assert removed == len(files) - len(kept) == 3
