@@ -9,6 +9,7 @@ import re
 import pyarrow as pa
 import pytest
 from core_fixtures import (
+    FILTER_EXTENSIONS,
     aes_op,
     build,
     dqm_op,
@@ -60,6 +61,7 @@ def test_yaml_builds_the_operation_and_its_fingerprint(tmp_path):
     assert op == DropColumns(("width",))
     assert op.input(pipe.dataset) is None and op.key_columns(pipe.dataset) == set()
     assert op.to_dict() == {"type": "drop_columns", "columns": ["width"]}
+    assert op.meaning(pipe.dataset) == op.to_dict()  # what the fingerprint hashes
     assert [what for what, _ in pipe.prefixes()] == ["main_prefix", "operations[0].source_prefix",
                                                      "operations[2].source_prefix", "operations[3].source_prefix"]
     other = build(tmp_path / "b", str(tmp_path / "data"), shards=1,
@@ -69,8 +71,10 @@ def test_yaml_builds_the_operation_and_its_fingerprint(tmp_path):
 
 @pytest.mark.parametrize("columns, message", [
     (["image_key"], "'image_key' is the dataset's key_column"),
-    (["s3_image_path"], r"'s3_image_path' is the key column of operations\[2\] \(merge_from_sidecar from "),
-    (["image"], "'image' is the dataset's image_column"),
+    (["s3_image_path"], r"'s3_image_path' is the key column of operations\[2\] \(merge_from_sidecar from \S+\): rows "
+                        r"are aligned by it, so it cannot be dropped$"),
+    (["image"], r"'image' is the dataset's image_column: it is never in the output \(a sidecar carries no image "
+                r"bytes\), there is nothing to drop$"),
     (["filter_luma"], "'filter_luma' is declared in the dataset's schema_extensions"),
     ([], "must list at least one column to drop"),
     (["width", "width"], "lists a column twice"),
@@ -106,10 +110,13 @@ def test_kernel_drops_the_column_and_records_it(tmp_path, root):
 
 
 def test_a_column_absent_at_that_step_is_a_shard_error(tmp_path, root):
-    setup = build(tmp_path, root, shards=1, ops=lambda p: [drop("width"), dqm_op(p), drop("width")])
+    setup = build(tmp_path, root, shards=1,
+                  ops=lambda p: [drop("width", "height"), dqm_op(p), drop("width", "height")])
     job = Job(load_pipeline(setup.pipeline), setup.output)
-    with pytest.raises(ShardError, match=r"shard \S+: operations\[2\] \(drop_columns width\): column\(s\) width "
-                                         r"to drop not in the table at this step"):
+    has = ", ".join(["image_key", "s3_image_path", *(e["name"] for e in FILTER_EXTENSIONS), "dqm_d1_v6_1"])
+    with pytest.raises(ShardError, match=r"shard \S+: operations\[2\] \(drop_columns width, height\): column\(s\) "
+                                         rf"width, height to drop not in the table at this step \(it has: {has}\); "
+                                         r"check `columns` against the base and earlier operations$"):
         merge_shard(job, REL[0])
 
 
