@@ -1,10 +1,23 @@
-"""The tests mutmut runs against each mutant (`make mutate`, loaded with `-p tests.mutation_tier`): the fast tier
+"""The tests mutmut runs against each mutant (`make mutate`, loaded with `-p mutation_tier`): the fast tier
 without the tests that run a flow on the session's Prefect API. Those take about a second each and reach nearly
 every function, so one surviving mutant would cost minutes; the kernel-level tests decide in milliseconds.
-What only a flow run can reach shows as "no test reaches it" in the score (tests/mutation_score.py)."""
+What only a flow run can reach shows as "no test reaches it" in the score (tests/mutation_score.py).
+
+mutmut runs each mutant's tests in a process forked from one that has run tests before: fsspec's event loop
+and our cached S3 filesystem are not fork-safe ("This class is not fork-safe" fails every S3 test, which
+mutmut would count as a kill), so each session starts them afresh."""
 from __future__ import annotations
 
 FLOW_FIXTURES = {"prefect_api", "run"}
+
+
+def pytest_sessionstart(session):
+    import fsspec.asyn
+
+    from tasks.storage import s3
+
+    fsspec.asyn.reset_lock()
+    s3._s3.cache_clear()
 
 
 def pytest_collection_modifyitems(config, items):
