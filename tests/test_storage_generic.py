@@ -3,6 +3,7 @@ tasks/storage/backend.py), read through fsspec alone: here plain HTTP (fsspec's 
 served by the moto server through tests/faultproxy.py, which logs every request."""
 from __future__ import annotations
 
+import os
 import uuid
 
 import boto3
@@ -13,6 +14,7 @@ from core_fixtures import objects
 from faultproxy import FaultProxy
 
 from tasks import storage
+from tasks.storage import generic
 from tasks.storage.generic import GenericBackend
 
 REL = "shard/part-0.parquet"
@@ -101,3 +103,91 @@ def test_nothing_to_sweep_in_memory():
     assert objects(root) == ["report.json", REL]
     fs, path = storage.filesystem(root)
     fs.rm(path, recursive=True)
+
+
+# ----------------------------------------------------------------- which protocols are inputs, and their prefixes
+
+def test_input_protocols_are_installed_storage_never_wrappers_or_local_files():
+    generic.input_protocols.cache_clear()  # computed afresh here, not taken from an earlier test's call
+    try:
+        inputs = set(generic.input_protocols())
+    finally:
+        generic.input_protocols.cache_clear()
+    assert {"http", "https", "ftp"} <= inputs
+    wrappers = {"zip", "tar", "dir", "reference", "simplecache", "blockcache", "filecache", "cached", "data"}
+    assert not inputs & (wrappers | {"s3", "s3a", "file", "local", "memory"})
+    assert not inputs & {"gs", "gcs", "abfs", "az"}, "not installed here: not usable"
+    assert [generic.usable(p) for p in ("http", "file", "local", "zip", "nosuch")] == [True] + [False] * 4
+
+
+@pytest.mark.parametrize("uri, prefix", [
+    ("ftp://host.example", "ftp://host.example/"),                 # a host's root
+    ("ftp://host.example/Xdata/X", "ftp://host.example/Xdata/X/"),
+    ("memory://", "memory://"),                                      # the store's root: every prefix is inside
+    ("memory://Xscratch/X/", "memory://Xscratch/X/"),
+])
+def test_generic_prefixes_keep_every_character_of_the_path(uri, prefix):
+    assert storage.normalize_prefix(uri) == prefix
+
+
+def test_accepted_forms_without_other_input_protocols(monkeypatch):
+    """Where no other fsspec implementation is installed, the list of accepted forms ends with memory://."""
+    monkeypatch.setattr(generic, "input_protocols", lambda: ())
+    assert storage.accepted() == "s3://bucket/path/, file:///abs/path/, or a local path, memory://path/"
+
+
+def test_a_generic_backend_is_named_after_its_protocol():
+    assert generic.backend_for("ftp").refusal() == "the 'ftp' storage cannot be written atomically"
+    assert generic.backend_for("memory").refusal() is None
+
+
+def test_a_memory_object_rewritten_during_every_read_fails_in_one_line(monkeypatch):
+    """The copy is taken again until the info before and after it agree; an object rewritten during each of
+    SNAPSHOT_ATTEMPTS copies is a (transient) OSError naming it."""
+    uri = f"memory://snapshot-test-{uuid.uuid4().hex[:12]}/{REL}"
+    storage.write_atomic(pa.table({"k": [1, 2]}), uri)
+    fs, path = storage.filesystem(uri)
+    real_cat, copies = fs.cat_file, []
+
+    def cat_then_rewrite(target, *args, **kw):
+        data = real_cat(target, *args, **kw)
+        copies.append(target)
+        fs.pipe_file(target, data + b"\0" * len(copies))  # a writer replaces the object while it is copied
+        return data
+
+    monkeypatch.setattr(fs, "cat_file", cat_then_rewrite)
+    try:
+        with pytest.raises(OSError) as failed:
+            storage.open_parquet(uri)
+        assert str(failed.value) == f"{uri} was rewritten during each of {generic.SNAPSHOT_ATTEMPTS} reads"
+        assert len(copies) == generic.SNAPSHOT_ATTEMPTS
+    finally:
+        monkeypatch.undo()
+        fs.rm(path.rsplit("/", 2)[0], recursive=True)
+
+
+# ----------------------------------------------------------------- reports (write_text) wherever their URI says
+
+@pytest.mark.parametrize("form", ["relative", "absolute", "file", "file-colon", "local", "s3"])
+def test_a_report_is_written_where_its_uri_says(tmp_path, monkeypatch, request, form):
+    """A local path as given (relative to the working folder; '#' is part of a file name, whereas in a URI it
+    starts a fragment), a file:// or local:// URI by its path, an s3:// object with one PUT."""
+    monkeypatch.chdir(tmp_path)
+    name = "report#1.json" if form in ("relative", "absolute") else "report.json"
+    if form == "s3":
+        uri = request.getfixturevalue("s3_root") + "reports/" + name
+    else:
+        uri = {"relative": name, "absolute": str(tmp_path / name), "file": f"file://{tmp_path}/{name}",
+               "file-colon": f"file://{tmp_path}/a://{name}", "local": f"local://{tmp_path}/{name}"}[form]
+    if form == "file-colon":  # a folder named "a:" (the URI's scheme is its first "://")
+        (tmp_path / "a:").mkdir()
+        monkeypatch.chdir(tmp_path / "a:")
+    storage.write_text(uri, '{"ok": true}\n')
+    if form == "file-colon":
+        assert os.listdir(tmp_path / "a:") == [name]
+    elif form == "s3":
+        fs, key = storage.filesystem(uri)
+        assert fs.cat_file(key) == b'{"ok": true}\n'
+    else:
+        assert os.listdir(tmp_path) == [name]
+        assert (tmp_path / name).read_text() == '{"ok": true}\n'
