@@ -5,8 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from tasks import storage
 from tasks.errors import ShardError
-from tasks.verify.compare import compare, one_line
+from tasks.verify.compare import SLICE, compare, one_line, read
 
 NAN = float("nan")
 
@@ -51,6 +52,32 @@ def test_list_differences_are_counted_and_the_first_named():
 def test_long_values_are_cut_to_80_characters(length, shown):
     got, want = column(["same", "a" * length]), column(["same", "b" * length])
     assert compare("s", got, want) == f"column 's': 1 of 2 rows differ, first at row 1: {shown}"
+
+
+def test_a_difference_after_an_equal_slice_is_found():
+    size = SLICE + 100
+    got, want = column(list(range(size))), column([*range(SLICE + 50), -1, *range(SLICE + 51, size)])
+    assert compare("n", got, want) == f"column 'n': 1 of {size} rows differ, first at row {SLICE + 50}: " \
+                                      f"{SLICE + 50} vs -1"
+
+
+def test_types_must_match_unless_a_cast_is_asked_for():
+    """Key columns compare across widths (cast=True); every other column must have the expected type."""
+    small, wide = column([1, 2], pa.int32()), column([1, 3], pa.int64())
+    assert compare("k", wide, small) == "column 'k' is int64, expected int32"
+    assert compare("k", wide, small, cast=True) == "column 'k': 1 of 2 rows differ, first at row 1: 3 vs 2"
+    assert compare("k", wide, column(["1", "x"]), cast=True) == "column 'k' is int64, expected string"
+    assert compare("k", wide, column([1]), cast=True) == "column 'k' has 2 rows, expected 1"
+
+
+def test_read_takes_the_columns_asked_for_or_all_but_one(root):
+    uri = root + "a/part-0.parquet"
+    storage.write_atomic(pa.table({"k": [1, 2], "image": [b"x", b"y"], "score": [0.5, 0.25]}), uri)
+    assert read(uri).column_names == ["k", "image", "score"]
+    assert read(uri, ["score"]).column_names == ["score"]
+    assert read(uri, drop="image").column_names == ["k", "score"]
+    assert read(uri, ["score"], drop="k").column_names == ["score"]  # `drop` only when no columns are named
+    assert read(uri, drop="image")["score"].to_pylist() == [0.5, 0.25]
 
 
 @pytest.mark.parametrize("exc, line", [
