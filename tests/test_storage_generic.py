@@ -4,7 +4,10 @@ served by the moto server through tests/faultproxy.py, which logs every request.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
+from datetime import datetime, timezone
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
 import pyarrow as pa
@@ -191,3 +194,52 @@ def test_a_report_is_written_where_its_uri_says(tmp_path, monkeypatch, request, 
     else:
         assert os.listdir(tmp_path) == [name]
         assert (tmp_path / name).read_text() == '{"ok": true}\n'
+
+
+# ----------------------------------------------------------------- listings and identities of generic stores
+
+def test_an_entry_identity_is_its_size_and_every_version_field_given():
+    when = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    entry = {"name": "x", "size": 12, "ETag": '"abc"', "md5": "", "generation": None, "mtime": when}
+    assert storage.entry_identity(entry) == f"size=12;ETag=abc;mtime={when.timestamp()}"
+    assert [storage.entry_identity(e) for e in ({}, {"size": None}, {"size": 0})] == ["size=0"] * 3
+
+
+def test_a_memory_write_hands_back_the_bytes_stored():
+    """The default write stores the whole payload with one put and hands it back: the check reads nothing."""
+    uri = f"memory://payload-test-{uuid.uuid4().hex[:12]}/{REL}"
+    written = storage.write_windows([pa.table({"k": [1, 2]})], uri)  # keep=False: this backend keeps it anyway
+    fs, path = storage.filesystem(uri)
+    try:
+        assert written.payload is not None and written.payload.to_pybytes() == fs.cat_file(path)
+        assert written.size == len(fs.cat_file(path))
+        assert storage.list_prefix(uri + "/") == storage.Listing(uri + "/", {}, (), exists=True), \
+            "a prefix naming an object lists nothing under it"
+    finally:
+        fs.rm(path.rsplit("/", 2)[0], recursive=True)
+
+
+def test_an_http_folder_index_lists_its_shards_by_relpath(tmp_path):
+    """fsspec's http listing follows the links of a served folder index (http.server in a thread here)."""
+    (tmp_path / "baseX" / "d").mkdir(parents=True)
+    pq.write_table(pa.table({"k": [1, 2]}), tmp_path / "baseX" / "d" / "part-0.parquet")
+    (tmp_path / "baseX" / "notes.txt").write_text("x")
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, directory=str(tmp_path), **kw)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="http-index", daemon=True)
+    thread.start()
+    try:
+        prefix = storage.normalize_prefix(f"http://127.0.0.1:{server.server_address[1]}/baseX")
+        listing = storage.list_prefix(prefix)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert (list(listing.shards), listing.others) == (["d/part-0.parquet"], ("notes.txt",))
