@@ -1,7 +1,8 @@
-"""flows/cluster.py driven directly, without a Ray instance: `--ray-address` resolution, the route to the head, the
-cluster token's source and Ray's token notice, the pre-flight call to the head (a gRPC server on loopback in this
-process, or a closed port), and the probe of the Prefect API from every node (its HTTP side against a server on
-loopback in this process; Ray's scheduling replaced by calls in this process that record what Ray was asked).
+"""flows/cluster.py driven directly, without a Ray instance: `--ray-address` resolution, the route to the
+head, the cluster token's source and Ray's token notice, the pre-flight call to the head (a gRPC server on
+loopback in this process, or a closed port), and the probe of the Prefect API from every node (its HTTP side
+against a server on loopback in this process; Ray's scheduling replaced by calls here that record what Ray was
+asked).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def no_ray_env(monkeypatch, tmp_path):
     ("ray://head:10002/", None, RayTarget("ray://head:10002/", "head:10002")),
     ("ray://head", None, RayTarget("ray://head", "head:10001")),
     ("ray://head/", None, RayTarget("ray://head/", "head:10001")),
+    ("ray://headX/", None, RayTarget("ray://headX/", "headX:10001")),
 ])
 def test_ray_address_forms(no_ray_env, monkeypatch, given, env, expected):
     if env:
@@ -77,8 +79,8 @@ def test_auto_without_a_cluster_on_this_host_is_one_line(no_ray_env, monkeypatch
     monkeypatch.setattr(compat, "find_local_ray_cluster", lambda: None)
     with pytest.raises(ConfigError) as raised:
         ray_target("auto")
-    assert str(raised.value) == ("--ray-address auto: no running Ray cluster found on this host (start one with "
-                                 "`ray start --head`, or give --ray-address HEAD:PORT)")
+    assert str(raised.value) == ("--ray-address auto: no running Ray cluster found on this host (start one "
+                                 "with `ray start --head`, or give --ray-address HEAD:PORT)")
 
     def unreadable():
         raise ConnectionError("Could not read the address of the running Ray instance")
@@ -100,11 +102,12 @@ def test_no_route_to_the_head_is_one_line():
     with pytest.raises(ConfigError) as raised:
         driver_host(target)
     assert re.fullmatch(
-        r"no network route from this host to the Ray head ::1 \(.+\), so Ray workers could not reach this run's "
-        r"Prefect server; set PREFECT_API_URL to a Prefect server every Ray node can reach", str(raised.value))
+        r"no network route from this host to the Ray head ::1 \(.+\), so Ray workers could not reach this "
+        r"run's Prefect server; set PREFECT_API_URL to a Prefect server every Ray node can reach",
+        str(raised.value))
 
 
-# ------------------------------------------------------------------------------------ token_source, token auth
+# ---------------------------------------------------------------------------------- token_source, token auth
 
 def test_the_token_is_found_in_rays_documented_order(no_ray_env, monkeypatch, tmp_path):
     assert token_source() is None
@@ -141,7 +144,7 @@ def test_token_auth_is_enabled_without_rays_notice(monkeypatch, caplog):
     assert notice.level == logging.INFO
 
 
-# ---------------------------------------------------------------------------- check_cluster: the pre-flight call
+# ------------------------------------------------------------------------ check_cluster: the pre-flight call
 
 @pytest.fixture
 def grpc_head():
@@ -169,9 +172,9 @@ def test_a_head_that_wants_a_token_and_none_is_found(no_ray_env, grpc_head):
     with pytest.raises(ConfigError) as raised:
         check_cluster(ray_target(grpc_head.address))
     assert str(raised.value) == (
-        f"the Ray cluster at {grpc_head.address} requires token authentication and no token was found: put the "
-        "cluster's token (`ray get-auth-token` on the head) in ~/.ray/auth_token, or set RAY_AUTH_TOKEN or "
-        "RAY_AUTH_TOKEN_PATH")
+        f"the Ray cluster at {grpc_head.address} requires token authentication and no token was found: put "
+        "the cluster's token (`ray get-auth-token` on the head) in ~/.ray/auth_token, or set "
+        "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH")
 
 
 def test_a_head_that_rejects_the_token_names_where_it_came_from(no_ray_env, grpc_head):
@@ -180,8 +183,9 @@ def test_a_head_that_rejects_the_token_names_where_it_came_from(no_ray_env, grpc
     default.write_text("wrong")
     with pytest.raises(ConfigError) as raised:
         check_cluster(ray_target(grpc_head.address))
-    assert str(raised.value) == (f"the Ray cluster at {grpc_head.address} rejected the authentication token from "
-                                 f"{default}; use the cluster's token (`ray get-auth-token` on the head)")
+    assert str(raised.value) == (
+        f"the Ray cluster at {grpc_head.address} rejected the authentication token from {default}; use the "
+        "cluster's token (`ray get-auth-token` on the head)")
 
 
 def test_other_answers_of_the_head_name_the_grpc_status(no_ray_env, grpc_head):
@@ -190,8 +194,8 @@ def test_other_answers_of_the_head_name_the_grpc_status(no_ray_env, grpc_head):
     grpc_head.code, grpc_head.details = grpc.StatusCode.PERMISSION_DENIED, "not yours"
     with pytest.raises(ConfigError) as raised:
         check_cluster(ray_target(grpc_head.address))
-    assert str(raised.value) == (f"cannot reach the Ray cluster at {grpc_head.address} (permission_denied: not "
-                                 "yours); check --ray-address and that the head is running")
+    assert str(raised.value) == (f"cannot reach the Ray cluster at {grpc_head.address} (permission_denied: "
+                                 "not yours); check --ray-address and that the head is running")
 
 
 def test_an_unreachable_head_is_one_line_before_joining(no_ray_env, monkeypatch):
@@ -219,7 +223,7 @@ def test_no_pre_flight_call_for_a_local_instance_or_the_ray_client(no_ray_env):
 # --------------------------------------------------------------------- api_health, check_api_reachable
 
 class Api(BaseHTTPRequestHandler):
-    """/api/health: 200; /empty/health: 204; /down/health: 503; /gone/health: the connection closes unanswered."""
+    """/api/health: 200, /empty/health: 204, /down/health: 503, /gone/health: closed without an answer."""
 
     def do_GET(self):
         if self.path.startswith("/gone/"):
@@ -273,8 +277,8 @@ def test_api_health_from_a_node(api_server, node_ip, monkeypatch):
 
 
 class RayCalls:
-    """Ray's `nodes`, `remote` and `get` replaced by calls in this process: each probe runs here, on the node the
-    test pretends it is on; what the probes asked Ray for is recorded."""
+    """Ray's `nodes`, `remote` and `get` replaced by calls in this process: each probe runs here, on the node
+    the test pretends it is on; what the probes asked Ray for is recorded."""
 
     def __init__(self, monkeypatch, nodes, timeout=False):
         import ray
@@ -323,6 +327,7 @@ NODES = [
     {"NodeID": node_id(3), "Alive": True, "Resources": {"CPU": 0.0}},    # a head that runs no tasks
     {"NodeID": node_id(4), "Alive": True, "Resources": {"memory": 1}},   # no CPU at all
     {"NodeID": node_id(5), "Alive": True, "Resources": {"CPU": 0.5}},
+    {"NodeID": node_id(6), "Alive": True},                               # resources unknown
 ]
 
 
@@ -330,8 +335,9 @@ def test_every_node_that_can_run_shards_is_probed_once(monkeypatch, api_server):
     ray = RayCalls(monkeypatch, NODES)
     check_api_reachable(f"{api_server}/api")
     assert ray.remote_options == {"num_cpus": 0, "max_retries": 0}  # a probe takes no CPU from a busy node
-    assert [(o["name"], o["scheduling_strategy"].node_id, o["scheduling_strategy"].soft) for o in ray.options] == [
-        ("api-probe", node_id(1), False), ("api-probe", node_id(5), False)]
+    asked = [(o["name"], o["scheduling_strategy"].node_id, o["scheduling_strategy"].soft)
+             for o in ray.options]
+    assert asked == [("api-probe", node_id(1), False), ("api-probe", node_id(5), False)]
     assert ray.get_timeout == cluster.PROBE_TIMEOUT
 
 
@@ -340,8 +346,9 @@ def test_the_first_node_that_cannot_reach_the_api_is_named(monkeypatch, api_serv
     url = f"{api_server}/down"
     with pytest.raises(ConfigError) as raised:
         check_api_reachable(url)
-    assert str(raised.value) == (f"Ray node 10.0.0.1 cannot reach the Prefect API at {url} (Service Unavailable); "
-                                 "set PREFECT_API_URL to a Prefect server every Ray node can reach")
+    assert str(raised.value) == (
+        f"Ray node 10.0.0.1 cannot reach the Prefect API at {url} (Service Unavailable); set PREFECT_API_URL "
+        "to a Prefect server every Ray node can reach")
 
 
 def test_nodes_that_do_not_answer_the_probe(monkeypatch, api_server):

@@ -1,7 +1,7 @@
-"""The shard scheduler (flows/scheduler.py) driven directly, without a flow run or a Prefect API: `run_window` over
-real Prefect futures whose concurrent futures this test completes (at once, or when it releases them), the
-flow run context's result links it forgets, `Finished.error`, `ShardThreadRunner` with Prefect's task engine
-replaced by a plain call (the engine itself needs an API), `make_runner` and `forwarded_env`.
+"""The shard scheduler (flows/scheduler.py) driven directly, without a flow run or a Prefect API: `run_window`
+over real Prefect futures whose concurrent futures this test completes (at once, or when it releases them),
+the flow run context's result links it forgets, `Finished.error`, `ShardThreadRunner` with Prefect's task
+engine replaced by a plain call (the engine itself needs an API), `make_runner` and `forwarded_env`.
 """
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ def future_in(state, wrapped: cf.Future | None = None) -> PrefectConcurrentFutur
 
 
 class Chains:
-    """`submit` for run_window: each item gets a chain of `length` futures, completed Completed((item, step)) at
-    once, except the last step of items in `held` (pending until `release(item)`). Records what it was asked."""
+    """`submit` for run_window: each item gets a chain of `length` futures, completed Completed((item, step))
+    at once, except the last step of items in `held` (pending until `release(item)`). Records what it was
+    asked."""
 
     def __init__(self, length: int = 1, held=(), wrapped=cf.Future, on_submit=None):
         self.length, self.held, self.wrapped, self.on_submit = length, set(held), wrapped, on_submit
@@ -60,7 +61,8 @@ class Chains:
         self.submitted.append(item)
         chain = [future_in(Completed(data=(item, step)), self.wrapped()) for step in range(self.length - 1)]
         last_held = item in self.held
-        chain.append(future_in(None if last_held else Completed(data=(item, self.length - 1)), self.wrapped()))
+        last = None if last_held else Completed(data=(item, self.length - 1))
+        chain.append(future_in(last, self.wrapped()))
         self.chains[item] = chain
         if self.on_submit:
             self.on_submit(item)
@@ -81,8 +83,8 @@ class Chains:
 
 
 def request_in_order(stop: Stop, reason: str, grace: float | None = None) -> None:
-    """`stop.request`, whose wake-ups (run from new threads, as a signal handler needs) are made here instead, so
-    that what the test does next comes after the scheduler was woken."""
+    """`stop.request`, whose wake-ups (run from new threads, as a signal handler needs) are made here instead,
+    so that what the test does next comes after the scheduler was woken."""
     wakers = list(stop.wakers)
     stop.wakers.clear()
     stop.request(reason, grace)
@@ -91,7 +93,7 @@ def request_in_order(stop: Stop, reason: str, grace: float | None = None) -> Non
         wake()
 
 
-# --------------------------------------------------------------------------------------- run_window: the window
+# ------------------------------------------------------------------------------------ run_window: the window
 
 @pytest.mark.parametrize("max_inflight, expected", [(0, [0] * 7), (1, [0] * 7), (3, [0, 1, 2, 2, 2, 2, 2])])
 @pytest.mark.parametrize("pass_window", [True, False], ids=["window", "no-window"])
@@ -143,7 +145,7 @@ def test_without_a_flow_run_there_are_no_links_to_forget():
     scheduler.forget_results({uuid.uuid4()})  # outside a flow run: nothing to do, no error
 
 
-# ------------------------------------------------------------------------------------ run_window: stopping early
+# -------------------------------------------------------------------------------- run_window: stopping early
 
 @pytest.mark.parametrize("grace", [None, 600.0], ids=["no-deadline", "long-grace"])
 def test_a_stop_submits_nothing_more_and_yields_what_is_in_flight(grace):
@@ -204,9 +206,9 @@ class WatchedQueue(queue.Queue):
 
 
 def test_a_signal_while_the_scheduler_waits_wakes_it(monkeypatch):
-    """A stop requested from another thread (a signal handler's) while the scheduler waits for an item that never
-    finishes, with a grace of 0: the scheduler wakes and abandons it. The item's chain has finished but for its
-    last task: only the last one's end counts."""
+    """A stop requested from another thread (a signal handler's) while the scheduler waits for an item that
+    never finishes, with a grace of 0: the scheduler wakes and abandons it. The item's chain has finished but
+    for its last task: only the last one's end counts."""
     WatchedQueue.waiting = threading.Event()
     monkeypatch.setattr(scheduler, "queue", SimpleNamespace(Queue=WatchedQueue, Empty=queue.Empty))
     stop, window = Stop(), Window()
@@ -232,7 +234,8 @@ def finished(*states) -> Finished:
 
 def test_the_error_is_the_first_failure_of_the_chain_in_one_line():
     upstream = Failed(data=RuntimeError("upstream task failed"))
-    chain = finished(Completed(data=1), Failed(data=ValueError("key mismatch in row 3\nmore detail")), upstream)
+    failed = Failed(data=ValueError("key mismatch in row 3\nmore detail"))
+    chain = finished(Completed(data=1), failed, upstream)
     assert not chain.ok and chain.error() == "key mismatch in row 3"
     crashed = finished(Crashed(data=OSError("worker died\ntraceback")), upstream)
     assert crashed.error() == "worker died"
@@ -247,8 +250,8 @@ def test_the_error_of_a_chain_that_ended_without_failing_is_its_last_state():
 
 @pytest.fixture
 def plain_engine(monkeypatch):
-    """Prefect's task engine replaced by a plain call of the task's function (the engine needs an API). Records
-    what each task run was given; a parameter `gate` (an Event) holds the task until it is set."""
+    """Prefect's task engine replaced by a plain call of the task's function (the engine needs an API).
+    Records what each task run was given; a parameter `gate` (an Event) holds the task until it is set."""
     calls = []
 
     def run_task_sync(task, task_run_id, parameters, wait_for, return_type, dependencies, context):
@@ -308,7 +311,7 @@ def test_an_abandoning_thread_runner_leaves_without_waiting_for_running_tasks(pl
     assert running.wrapped_future.result().result() == 4
 
 
-# ----------------------------------------------------------------------------------- make_runner, forwarded_env
+# -------------------------------------------------------------------------------- make_runner, forwarded_env
 
 @pytest.fixture
 def worker_env(monkeypatch):
