@@ -1,12 +1,23 @@
-"""Which existing outputs an overwrite run keeps (tasks.merge.Job.kept_by_overwrite) and the times it compares
-(parse_time), decided directly: the flow tests (test_overwrite_continue.py) show the same end to end."""
+"""What an existing output's provenance is trusted for, decided directly (the flow tests,
+test_provenance_trust.py and test_overwrite_continue.py, show the same end to end): provenance this tool could
+have written or the one line saying why not (tasks.merge.provenance_of), which outputs an overwrite run keeps
+(Job.kept_by_overwrite), the times it compares (parse_time, now_utc) and the version an output records
+(tool_version)."""
 from __future__ import annotations
 
+import json
+import re
+import tomllib
 from datetime import datetime, timedelta, timezone
+from importlib.metadata import PackageNotFoundError
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from tasks.merge import Job, parse_time
+from tasks import merge
+from tasks.merge import PROVENANCE_KEY, Job, now_utc, parse_time, provenance_of, tool_version
 
 BEFORE = "2026-01-02T03:04:05.000006+00:00"
 
@@ -20,10 +31,10 @@ def overwrite(overwrite_id: str = "run-a", overwrite_before: str = "") -> Job:
     (overwrite(), {"overwrite_id": "run-a"}, True),                    # written by this overwrite
     (overwrite(), {"overwrite_id": "run-b"}, False),                   # by another one
     (overwrite(), {}, False),                                          # by no overwrite
-    (overwrite(), {"overwrite_id": "run-b", "run_started": BEFORE}, False),  # a start, but no --overwrite-before
-    (overwrite(overwrite_before=BEFORE), {"overwrite_id": "run-b", "run_started": BEFORE}, True),  # started at TIME
-    (overwrite(overwrite_before=BEFORE), {"run_started": "2026-01-02T04:00:00+01:00"}, False),  # 1 s before
-    (overwrite(overwrite_before=BEFORE), {"run_started": "2026-01-03T00:00:00"}, False),  # no zone: not trusted
+    (overwrite(), {"overwrite_id": "run-b", "run_started": BEFORE}, False),  # no --overwrite-before
+    (overwrite(overwrite_before=BEFORE), {"overwrite_id": "run-b", "run_started": BEFORE}, True),  # at TIME
+    (overwrite(overwrite_before=BEFORE), {"run_started": "2026-01-02T04:04:05+01:00"}, False),  # 6 µs before
+    (overwrite(overwrite_before=BEFORE), {"run_started": "2026-01-03T00:00:00"}, False),  # no zone: untrusted
     (overwrite(overwrite_before=BEFORE), {"run_started": None}, False),
     (overwrite(overwrite_before=BEFORE), {}, False),
 ])
@@ -36,3 +47,81 @@ def test_parse_time_reads_iso_8601_with_its_zone_and_nothing_else():
     assert parse_time("2026-01-02T04:00:00+01:00").utcoffset() == timedelta(hours=1)
     assert parse_time("2026-01-02T03:04:05").tzinfo is None
     assert [parse_time(text) for text in ("", "yesterday", None, 5)] == [None] * 4
+
+
+def test_now_utc_is_an_iso_time_in_utc_to_the_microsecond():
+    text = now_utc()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00", text), text
+    assert abs(datetime.now(timezone.utc) - parse_time(text)) < timedelta(minutes=5)
+
+
+def test_tool_version_is_the_installed_packages_else_unknown(monkeypatch):
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert tool_version() == pyproject["project"]["version"]
+
+    def not_installed(name):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(merge, "version", not_installed)
+    assert tool_version() == "0+unknown"
+
+
+def footer(metadata: dict | None) -> pq.FileMetaData:
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"k": [1]}).replace_schema_metadata(metadata), sink)
+    return pq.read_metadata(pa.BufferReader(sink.getvalue()))
+
+
+def with_prov(prov) -> pq.FileMetaData:
+    return footer({PROVENANCE_KEY: json.dumps(prov).encode()})
+
+
+GOOD = {"fingerprint": "f1", "input_key": "k", "inputs": {"base": "b", "operations": ["s", "absent"]},
+        "rows": 3, "operations": [{"type": "merge_from_sidecar"}], "merge_semantics": 2, "run_id": "r",
+        "overwrite_id": None, "run_started": "2026-01-02T03:04:05+00:00"}
+M = "sidecar_ops provenance malformed: "
+
+
+@pytest.mark.parametrize("meta, why", [
+    (footer(None), "no sidecar_ops provenance"),
+    (footer({b"other": b"x"}), "no sidecar_ops provenance"),
+    (footer({PROVENANCE_KEY: b"{not json"}), "sidecar_ops provenance is not JSON"),
+    (with_prov([1]), M + "a JSON list, not an object"),
+    (with_prov("sidecar"), M + "a JSON str, not an object"),
+    (with_prov(None), M + "a JSON NoneType, not an object"),
+    (with_prov({**GOOD, "fingerprint": None}), M + "no fingerprint"),
+    (with_prov({"rows": 3}), M + "no fingerprint"),
+    (with_prov({**GOOD, "fingerprint": ["f1"]}), M + "fingerprint is a JSON list, not a str"),
+    (with_prov({**GOOD, "input_key": 7}), M + "input_key is a JSON int, not a str"),
+    (with_prov({**GOOD, "inputs": [1]}), M + "inputs is a JSON list, not a dict"),
+    (with_prov({**GOOD, "rows": "3"}), M + "rows is a JSON str, not a int"),
+    (with_prov({**GOOD, "rows": True}), M + "rows is a JSON bool, not a int"),
+    (with_prov({**GOOD, "operations": {}}), M + "operations is a JSON dict, not a list"),
+    (with_prov({**GOOD, "merge_semantics": 2.0}),
+     M + "merge_semantics is a JSON float, not a int"),
+    (with_prov({**GOOD, "run_id": 1}), M + "run_id is a JSON int, not a str"),
+    (with_prov({**GOOD, "run_started": 7}), M + "run_started is a JSON int, not a str"),
+    (with_prov({**GOOD, "overwrite_id": False}),
+     M + "overwrite_id is a JSON bool, not a str"),
+    (with_prov({**GOOD, "inputs": {"base": 5, "operations": []}}),
+     M + "inputs is not {base: str, operations: list}"),
+    (with_prov({**GOOD, "inputs": {"base": "b", "operations": "s"}}),
+     M + "inputs is not {base: str, operations: list}"),
+    (with_prov({**GOOD, "operations": [{}, "merge"]}),
+     M + "operations holds a record that is not an object"),
+    (with_prov({**GOOD, "run_started": "yesterday"}),
+     M + "run_started 'yesterday' is not an ISO 8601 time"),
+])
+def test_provenance_this_tool_could_not_have_written_is_refused_with_why(meta, why):
+    assert provenance_of(meta) == (None, why)
+
+
+@pytest.mark.parametrize("prov", [
+    GOOD,
+    {"fingerprint": "f1"},  # an older version's: every other field absent
+    {**GOOD, "inputs": {}, "operations": [], "run_started": "", "rows": None, "run_id": None},
+    {**GOOD, "inputs": {"base": "b"}},
+    {**GOOD, "inputs": {"operations": []}},
+])
+def test_provenance_this_tool_could_have_written_is_read_as_it_is(prov):
+    assert provenance_of(with_prov(prov)) == (prov, "")

@@ -1,6 +1,6 @@
-"""The shard plan (tasks/plan.py) driven directly: the planner's refusals and their one line, what a shard task's
-first attempt is told it reads, and the words a stale output is reported with (the CLI shows them; the flow tests
-in test_bad_inputs.py and test_resume_inputs.py check them end to end)."""
+"""The shard plan (tasks/plan.py) driven directly: the planner's refusals and their one line, what a shard
+task's first attempt is told it reads, and the words a stale output is reported with (the CLI shows them; the
+flow tests in test_bad_inputs.py and test_resume_inputs.py check them end to end)."""
 from __future__ import annotations
 
 import itertools
@@ -53,9 +53,9 @@ def test_an_optional_operation_matching_no_base_shard_is_refused_with_its_line(t
     with pytest.raises(ConfigError) as info:
         refuse_unmatched(make_plan(job_for(setup)))
     assert str(info.value) == (
-        f"operations[1] (merge_from_sidecar from {typo}) has required: false, but its source_prefix {typo} does not "
-        f"exist: it would be skipped for all {SHARDS} base shards; check source_prefix for a typo, or remove the "
-        "operation")
+        f"operations[1] (merge_from_sidecar from {typo}) has required: false, but its source_prefix "
+        f"{typo} does not exist: it would be skipped for all {SHARDS} base shards; check source_prefix for a "
+        "typo, or remove the operation")
 
 
 def with_provenance(table: pa.Table, prov: dict) -> pa.Table:
@@ -74,9 +74,9 @@ def test_outputs_of_another_pipeline_are_refused_naming_the_first(tmp_path, root
     with pytest.raises(ConfigError) as info:
         refuse_foreign(plan)
     assert str(info.value) == (
-        f"2 existing output shard(s) under {setup.output} were written by a different pipeline or carry no valid "
-        f"provenance (no sidecar_ops provenance; this pipeline is {job.fingerprint}), e.g. {first}; use --overwrite "
-        "to replace them or choose another --output-prefix")
+        f"2 existing output shard(s) under {setup.output} were written by a different pipeline or carry no "
+        f"valid provenance (no sidecar_ops provenance; this pipeline is {job.fingerprint}), e.g. {first}; "
+        "use --overwrite to replace them or choose another --output-prefix")
 
 
 def empty_base(setup, what: str) -> None:
@@ -113,7 +113,8 @@ def test_an_empty_local_base_folder_exists_but_holds_no_shards(tmp_path):
                                "check the dataset's main_prefix")
 
 
-def test_a_base_whose_existence_the_store_will_not_tell_is_not_called_missing(tmp_path, s3_root, proxied):  # noqa: F811
+def test_a_base_whose_existence_the_store_will_not_tell_is_not_called_missing(tmp_path, s3_root,
+                                                                             proxied):  # noqa: F811
     """Listing the prefix finds nothing, and asking whether it exists is denied (403): the store cannot tell,
     so the line does not claim the prefix is missing. (s3fs's listing sends one HeadObject of the prefix, its
     exists() the next: every HeadObject after the first is denied.)"""
@@ -136,7 +137,8 @@ CURRENT = {"base": "b2", "operations": ["s1", "absent"]}
     (None, "written without input identities (an older version)"),
     ({}, "written without input identities (an older version)"),
     ({"base": "b1", "operations": ["s1", "absent"]}, "base shard changed"),
-    ({"base": "b1", "operations": ["s0", "s9"]}, "base shard, operations[0] sibling, operations[1] sibling changed"),
+    ({"base": "b1", "operations": ["s0", "s9"]},
+     "base shard, operations[0] sibling, operations[1] sibling changed"),
     ({"base": "b2", "operations": ["s1"]}, "operations[1] sibling changed"),
     ({"base": "b2", "operations": ["s1", "absent"]}, "merge semantics changed"),
 ])

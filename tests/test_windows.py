@@ -47,7 +47,8 @@ def test_windows_hold_the_columns_asked_for_with_the_files_metadata(tmp_path):
     assert reader.schema.equals(expected, check_metadata=True)
     windows = [reader.take(n) for n in (4, 4, 4, 4, 4)]
     assert all(w.schema.equals(expected, check_metadata=True) for w in windows)
-    assert pa.concat_tables(windows).equals(table.select(["v", "k"]).replace_schema_metadata(expected.metadata))
+    rows = table.select(["v", "k"]).replace_schema_metadata(expected.metadata)
+    assert pa.concat_tables(windows).equals(rows, check_metadata=True)
     end = reader.take(4)
     assert end.num_rows == 0 and end.schema.equals(expected, check_metadata=True)
 
@@ -59,7 +60,8 @@ def test_a_window_that_is_a_row_group_larger_than_a_batch_comes_as_one_chunk(tmp
     write_groups(path, groups=(rows, 7))
     reader = RowWindows(pq.ParquetFile(path), ["k", "v"], window_rows=rows)
     window = reader.take(rows)
-    assert window.num_rows == rows and window.column("k").num_chunks == 1 and window.column("v").num_chunks == 1
+    assert window.num_rows == rows
+    assert window.column("k").num_chunks == 1 and window.column("v").num_chunks == 1
     assert reader.take(rows).num_rows == 7
 
 
@@ -80,7 +82,8 @@ def group_bytes(path: str, group: int) -> int:
 
 
 def constant_groups(path: str, groups: list[int]) -> str:
-    """One int64 column of a constant value (its column chunks compress to almost nothing) in these row groups."""
+    """One int64 column of a constant value (its column chunks compress to almost nothing), in these row
+    groups."""
     table = pa.table({"v": pa.array([7] * sum(groups), pa.int64())})
     with pq.ParquetWriter(path, table.schema) as writer:
         start = 0
@@ -91,8 +94,8 @@ def constant_groups(path: str, groups: list[int]) -> str:
 
 
 def test_a_window_reads_only_the_row_groups_it_needs(tmp_path):
-    """Row groups of 20,000 rows taken in windows of 20,000, or of 2,000 taken 10 at a time: a window reads its
-    row groups and not the next one (nor the rest of the file)."""
+    """Row groups of 20,000 rows taken in windows of 20,000, or of 2,000 taken 10 at a time: a window reads
+    its row groups and not the next one (nor the rest of the file)."""
     for rows, group, window in ((200_000, 20_000, 20_000), (200_000, 2_000, 20_000)):
         path = constant_groups(str(tmp_path / f"groups-of-{group}.parquet"), [group] * (rows // group))
         with CountingFile(path) as f:
