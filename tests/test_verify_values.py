@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from core_fixtures import FILTER_EXTENSIONS, aes_op, build, dqm_op, read_table, remove, watermark_op, write_table
 
@@ -12,10 +14,10 @@ from tasks.demo import relpaths
 from tasks.merge import Job, merge_shard, read_provenance
 from tasks.ops.base import NO_INPUT
 from tasks.ops.lineage import Status, absent, appended, renamed
-from tasks.verify.checks import MERGED
+from tasks.verify.checks import BASE, MERGED
 from tasks.verify.compare import read
 from tasks.verify.footers import op_records
-from tasks.verify.values import deep_failures, derived_records
+from tasks.verify.values import ShardTask, ShardValues, check_shard, deep_failures, derived_records
 
 FIRST, LAST = relpaths(2)  # the demo's watermark sidecar has no sibling for the last shard
 EXTENSIONS = FILTER_EXTENSIONS + [{"name": "ernie_image_aes", "type": "ernie_image_aes_score_v1"},
@@ -79,3 +81,61 @@ def test_a_sibling_gone_since_the_merge_is_named_by_the_merged_columns_check(tmp
     assert list(failures) == [MERGED]
     assert re.fullmatch(r"operations\[2\]: source shard unreadable: FileNotFoundError: .*/aes/"
                         + re.escape(FIRST) + r".*", failures[MERGED]), failures[MERGED]
+
+
+def with_image(uri: str) -> None:
+    """The base shard with image bytes, as real bases have them (the demo's have none)."""
+    table = read_table(uri).replace_schema_metadata(None)
+    write_table(table.append_column("image", pa.array([b"\xff\xd8"] * table.num_rows)), uri)
+
+
+def test_check_shard_follows_the_recorded_steps_and_leaves_the_image_out(tmp_path):
+    """The last shard merged without its optional watermark sibling, which appears later: the recorded step
+    (skipped) decides what the output must hold, not what the footers would say now. Without provenance the steps
+    are derived; either way the base's image column is no column the output must have."""
+    setup, job = setup_job(tmp_path)
+    for rel in (FIRST, LAST):
+        with_image(setup.prefixes["base"] + rel)
+        merge_shard(job, rel)
+    records = op_records(read_provenance(pq.read_metadata(job.output_uri(LAST))), len(job.pipeline.operations))
+    assert records[3].status is Status.SKIPPED
+    write_table(read_table(setup.prefixes["watermark"] + FIRST).replace_schema_metadata(None),
+                setup.prefixes["watermark"] + LAST)
+    result = check_shard(job, ShardTask(LAST, deep=True, stats=False, records=records, ranges={}), ())
+    assert (result.rows, result.failures) == (40, {})
+    result = check_shard(job, ShardTask(FIRST, deep=True, stats=False, records=None, ranges={}), ())
+    assert (result.rows, result.failures) == (40, {})
+
+
+def test_unreadable_shards_are_one_line_failures(tmp_path):
+    setup, job = setup_job(tmp_path)
+    result = check_shard(job, ShardTask(FIRST, deep=True, stats=False, records=None, ranges={}), ())
+    assert list(result.failures) == [BASE] and result.rows == 0
+    assert re.fullmatch(r"output shard unreadable: FileNotFoundError: .*/out/" + re.escape(FIRST) + ".*",
+                        result.failures[BASE]), result.failures
+    merge_shard(job, FIRST)
+    out = read_table(job.output_uri(FIRST))
+    remove(setup.prefixes["base"] + FIRST)
+    failures = deep_failures(job, FIRST, out, None)
+    assert list(failures) == [BASE]
+    assert re.fullmatch(r"base shard unreadable: FileNotFoundError: .*/base/" + re.escape(FIRST) + ".*",
+                        failures[BASE]), failures
+
+
+def test_a_checks_lines_are_joined_in_one_failure(tmp_path):
+    setup, job = setup_job(tmp_path)
+    merge_shard(job, FIRST)
+    out = read_table(job.output_uri(FIRST))
+    for name in ("width", "height"):
+        out = out.set_column(out.schema.get_field_index(name), name, pc.add(out[name], 1).cast(out[name].type))
+    failures = deep_failures(job, FIRST, out, None)
+    assert list(failures) == [BASE]
+    assert re.fullmatch(r"column 'width': 40 of 40 rows differ, first at row 0: \d+ vs \d+; "
+                        r"column 'height': 40 of 40 rows differ, first at row 0: \d+ vs \d+", failures[BASE]), failures
+
+
+def test_operations_compare_keys_across_integer_widths_when_they_ask():
+    shard = ShardValues(job=None, relpath="", out=pa.table({}), base=pa.table({}), records=())
+    wide, narrow = pa.chunked_array([[1, 2]], pa.int64()), pa.chunked_array([[1, 2]], pa.int32())
+    assert shard.compare("k", wide, narrow, cast=True) is None
+    assert shard.compare("k", wide, narrow) == "column 'k' is int64, expected int32"
