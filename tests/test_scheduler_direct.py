@@ -125,16 +125,14 @@ def test_finished_links_are_forgotten_every_forget_every_task_runs_and_at_the_en
         context.run_results[id(state)] = (state, "task", None)
 
     chains.on_submit = link
-    ids = {}
     left = []
 
     def linked(finished):
-        ids.update({finished.item: finished.futures[0].task_run_id})
-        by_id = {run_id: item for item, run_id in
-                 ((i, chains.chains[i][0].task_run_id) for i in chains.submitted)}
-        left.append(sorted(by_id[s.state_details.task_run_id] for s, *_ in context.run_results.values()
-                           if s is not other))
-        assert any(s is other for s, *_ in context.run_results.values())
+        """The items whose links are left when `finished` is yielded; another task run's link stays."""
+        item_of = {chains.chains[item][0].task_run_id: item for item in chains.submitted}
+        states = [link[0] for link in context.run_results.values()]
+        left.append(sorted(item_of[s.state_details.task_run_id] for s in states if s is not other))
+        assert any(s is other for s in states)
 
     with context:
         chains.consume(range(5), 2, each=linked)
