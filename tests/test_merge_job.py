@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks import merge
-from tasks.merge import PROVENANCE_KEY, Job, now_utc, parse_time, provenance_of, tool_version
+from tasks.merge import (PROVENANCE_KEY, Job, now_utc, overwrite_fields, parse_time, provenance_of, read_provenance,
+                         tool_version)
 
 BEFORE = "2026-01-02T03:04:05.000006+00:00"
 
@@ -125,3 +126,22 @@ def test_provenance_this_tool_could_not_have_written_is_refused_with_why(meta, w
 ])
 def test_provenance_this_tool_could_have_written_is_read_as_it_is(prov):
     assert provenance_of(with_prov(prov)) == (prov, "")
+    assert read_provenance(with_prov(prov)) == prov
+
+
+def test_read_provenance_is_none_for_provenance_this_tool_could_not_have_written():
+    assert read_provenance(footer(None)) is None
+    assert read_provenance(with_prov({**GOOD, "rows": "3"})) is None
+
+
+@pytest.mark.parametrize("args, fields", [
+    ((False, "run-b"), {}),
+    ((False, "run-b", "run-a", BEFORE), {}),
+    ((True, "run-b"), {"overwrite": True, "overwrite_id": "run-b", "continues": False, "overwrite_before": ""}),
+    ((True, "run-b", "run-a"), {"overwrite": True, "overwrite_id": "run-a", "continues": True,
+                                "overwrite_before": ""}),
+    ((True, "run-b", None, BEFORE), {"overwrite": True, "overwrite_id": "run-b", "continues": False,
+                                     "overwrite_before": BEFORE}),
+])
+def test_an_overwrite_is_this_runs_or_the_one_it_continues(args, fields):
+    assert overwrite_fields(*args) == fields
