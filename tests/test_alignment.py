@@ -41,3 +41,20 @@ def test_unsigned_keys_beyond_int64_align_with_themselves_dictionary_encoded(ind
     encoded = pa.DictionaryArray.from_arrays(pa.array([0, 1, 2], index), plain)
     assert aligned(plain, encoded)
     assert not aligned(pa.array([2**64 - 1, 2**63, 6], pa.uint64()), encoded)
+
+
+def test_equal_keys_under_different_dictionaries_align():
+    """Both sides dictionary-encoded with the same type but each its own dictionary: the same values align."""
+    left = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int32()), pa.array(["x", "y"]))
+    right = pa.DictionaryArray.from_arrays(pa.array([1, 0, 1], pa.int32()), pa.array(["y", "x"]))
+    assert aligned(left, right)
+    assert not aligned(left, pa.DictionaryArray.from_arrays(pa.array([1, 0, 0], pa.int32()), pa.array(["y", "x"])))
+
+
+def test_keys_of_two_families_are_refused_with_the_fix():
+    with pytest.raises(ShardError) as info:
+        check_aligned(pa.table({"image_key": ["a"]}), "image_key", pa.table({"key": [1]}), "key")
+    assert str(info.value) == (
+        "key types differ: image_key is string, source key is int64; keys align only within one family (string, "
+        "binary or integer types), never by converting values; rewrite one sidecar's key column with the other's "
+        "type")
