@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 
+import pyarrow as pa
 import pytest
 
 from tasks import storage
@@ -56,3 +57,16 @@ def test_the_sweep_removes_a_dead_or_old_writers_temp_files_only(tmp_path, monke
     kept = sorted(name for name, (_, gone) in files.items() if not gone)
     assert sorted(os.listdir(folder)) == kept
     assert removed == len(files) - len(kept) == 3
+
+
+@pytest.mark.parametrize("path, prefix", [("/", "/"), ("/data/X", "/data/X/"), ("/data/x//", "/data/x/")])
+def test_a_local_prefix_is_its_absolute_path_and_one_slash(path, prefix):
+    assert storage.normalize_prefix(path) == prefix
+
+
+def test_a_local_write_outside_its_normal_path_is_refused_in_one_line(tmp_path):
+    uri = str(tmp_path) + "/out//x.parquet"
+    with pytest.raises(ValueError) as refused:
+        storage.write_atomic(pa.table({"k": [1]}), uri)
+    assert str(refused.value) == (f"refusing to write {uri!r}: the path has '.'/'..' segments and could land "
+                                  "outside the output prefix")
