@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from flows import interrupt
 from flows.interrupt import OVER, SIGNALS, Interrupted, grace_seconds, late_signals, owned
 from tasks.errors import ConfigError
 
@@ -48,3 +49,60 @@ def test_signals_once_the_work_is_done_are_noted_for_the_owner_only():
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def test_the_handler_in_each_phase(monkeypatch):
+    """The handler object called as the signal module would: what each signal does and the lines it announces."""
+    lines = []
+    monkeypatch.setattr(interrupt, "announce", lines.append)
+    signals = interrupt.Signals()
+    assert (signals.phase, signals.stop, signals.grace, signals.pending, signals.late) == (
+        interrupt.STARTING, None, 10.0, [], [])
+    with pytest.raises(interrupt.Interruption, match="^SIGTERM$"):
+        signals(signal.SIGTERM, None)  # starting up: at once
+    signals.phase, signals.grace = interrupt.FLOW, 5.0
+    signals(signal.SIGINT, None)       # a flow run whose body has not started: kept for it
+    signals(signal.SIGHUP, None)
+    assert signals.pending == ["SIGINT", "SIGHUP"]
+    stop = interrupt.Stop()
+    signals.take(stop, 5.0)
+    assert (stop.reason, stop.remaining(), signals.pending) == ("SIGINT", 0.0, []), "two signals: abandon at once"
+    assert lines == ["SIGINT: stopping: no new shard starts, shards in flight get 5 s to finish (a second signal "
+                     "abandons them)", "SIGHUP again: abandoning the shards in flight"]
+
+    signals.stop = None                # the next flow run, its body not started: one signal, the grace applies
+    signals(signal.SIGTERM, None)
+    one = interrupt.Stop()
+    signals.take(one, 5.0)
+    assert one.reason == "SIGTERM" and 0 < one.remaining() <= 5.0
+
+    lines.clear()
+    fresh = interrupt.Stop()
+    signals.take(fresh, 7.5)
+    signals(signal.SIGTERM, None)
+    assert fresh.reason == "SIGTERM" and 0 < fresh.remaining() <= 7.5
+    signals(signal.SIGINT, None)
+    assert (fresh.reason, fresh.remaining()) == ("SIGTERM", 0.0)
+    assert lines == ["SIGTERM: stopping: no new shard starts, shards in flight get 7.5 s to finish (a second "
+                     "signal abandons them)", "SIGINT again: abandoning the shards in flight"]
+
+    planning = interrupt.Stop()
+    signals.take(planning, 0.0)
+    with planning.nothing_written(), pytest.raises(interrupt.Interruption, match="^SIGHUP$"):
+        signals(signal.SIGHUP, None)
+    lines.clear()
+    signals(signal.SIGTERM, None)
+    assert lines == ["SIGTERM: stopping: no new shard starts, shards in flight are abandoned"]
+    planning.done = True
+    signals(signal.SIGINT, None)
+    assert signals.late == ["SIGINT"] and len(lines) == 1, "once the work is done: noted, nothing announced"
+
+
+def test_a_signal_outranks_fail_fast_and_the_earliest_deadline_stands():
+    stop = interrupt.Stop()
+    stop.request("--fail-fast")
+    assert (stop.reason, stop.deadline, stop.remaining()) == ("--fail-fast", None, None)
+    stop.request("SIGTERM", grace=30.0)
+    assert stop.reason == "SIGTERM" and 29.0 < stop.remaining() <= 30.0
+    stop.request("SIGINT", grace=60.0)
+    assert stop.reason == "SIGTERM" and 29.0 < stop.remaining() <= 30.0
