@@ -106,3 +106,38 @@ def test_a_signal_outranks_fail_fast_and_the_earliest_deadline_stands():
     assert stop.reason == "SIGTERM" and 29.0 < stop.remaining() <= 30.0
     stop.request("SIGINT", grace=60.0)
     assert stop.reason == "SIGTERM" and 29.0 < stop.remaining() <= 30.0
+
+
+def test_announce_prints_one_line_on_stderr_from_a_daemon_thread(monkeypatch, capsys):
+    """Never from the handler's own frame (printing there can re-enter stderr's lock), never holding up the exit."""
+    started = []
+
+    class Recorded(interrupt.threading.Thread):
+        def start(self):
+            started.append(self)
+            super().start()
+
+    monkeypatch.setattr(interrupt.threading, "Thread", Recorded)
+    interrupt.announce("SIGTERM: stopping")
+    for thread in started:
+        thread.join(10)
+    assert [thread.daemon for thread in started] == [True]
+    assert capsys.readouterr() == ("", "SIGTERM: stopping\n")
+
+
+def test_while_owned_a_librarys_install_of_our_signals_is_a_no_op_and_others_go_through():
+    def theirs(signum, frame):
+        pass
+
+    usr1 = signal.getsignal(signal.SIGUSR1)
+    before = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    with owned() as owner:
+        for sig in SIGNALS:
+            assert signal.signal(sig, theirs) is owner, "the install answers with the handler that stays"
+            assert signal.getsignal(sig) is owner
+        assert signal.signal(signal.SIGUSR1, theirs) == usr1
+        assert signal.getsignal(signal.SIGUSR1) is theirs
+    signal.signal(signal.SIGUSR1, usr1)
+    assert {sig: signal.getsignal(sig) for sig in SIGNALS} == before
+    assert signal.signal(signal.SIGTERM, theirs) == before[signal.SIGTERM], "after the block installs work again"
+    signal.signal(signal.SIGTERM, before[signal.SIGTERM])
