@@ -14,8 +14,8 @@ from faultproxy import DENIED, proxied  # noqa: F401 (a fixture)
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.errors import ConfigError
-from tasks.merge import PROVENANCE_KEY, Job
-from tasks.plan import changed_inputs, make_plan, refuse_foreign, refuse_unmatched
+from tasks.merge import PROVENANCE_KEY, Job, merge_shard, overwrite_fields
+from tasks.plan import changed_inputs, make_plan, output_status, refuse_foreign, refuse_unmatched
 
 SHARDS = 2
 
@@ -144,3 +144,32 @@ CURRENT = {"base": "b2", "operations": ["s1", "absent"]}
 ])
 def test_a_stale_output_names_the_inputs_that_changed(recorded, words):
     assert changed_inputs(recorded, CURRENT) == words
+
+
+def test_existing_outputs_are_judged_complete_broken_or_replaced_with_why(tmp_path):
+    """Outputs of overwrite run-a: one intact, one cut short by a row (its provenance kept), one not parquet,
+    and one without provenance. Continuing run-a keeps the intact one and replaces the one without provenance;
+    continuing another overwrite replaces both."""
+    setup = build(tmp_path, str(tmp_path / "data"), shards=4)
+    pipeline = load_pipeline(setup.pipeline)
+    first = Job(pipeline, setup.output, run_id="run-a", **overwrite_fields(True, "run-a"))
+    intact, short, garbage, foreign = sorted(storage.list_prefix(setup.prefixes["base"]).shards)
+    for rel in (intact, short, garbage):
+        merge_shard(first, rel)
+    table = read_table(setup.output + short)
+    write_table(table.slice(0, table.num_rows - 1), setup.output + short)
+    put_bytes(setup.output + garbage, b"not parquet")
+    base = read_table(setup.prefixes["base"] + foreign)
+    write_table(base.replace_schema_metadata(None), setup.output + foreign)
+
+    continued = Job(pipeline, setup.output, run_id="run-b", **overwrite_fields(True, "run-b", "run-a"))
+    plan = make_plan(continued, True)
+    assert plan.complete == [intact] and plan.foreign == []
+    assert plan.replaced == [(foreign, "not written by overwrite run-a")]
+    assert plan.broken == [(short, f"{table.num_rows - 1} rows, {table.num_rows} recorded"),
+                           (garbage, "unreadable: ArrowInvalid")]
+    assert output_status(first, intact, plan.inputs(intact)) == ("complete", str(table.num_rows))
+
+    other = Job(pipeline, setup.output, run_id="run-c", **overwrite_fields(True, "run-c", "run-z"))
+    assert make_plan(other, True).replaced == [(intact, "not written by overwrite run-z"),
+                                               (foreign, "not written by overwrite run-z")]
