@@ -13,8 +13,8 @@ from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.merge import PROVENANCE_KEY, Job, merge_shard, read_provenance
 from tasks.ops import DropColumns, MergeFromSidecar
-from tasks.ops.lineage import (Change, History, Origin, Status, Step, absent, appended, from_legacy, removed,
-                               renamed, replaced, replay)
+from tasks.ops.lineage import (Change, ColumnChange, History, Origin, Status, Step, absent, appended, from_legacy,
+                               removed, renamed, replaced, replay)
 from tasks.plan import make_plan
 from tasks.verify import verify
 
@@ -107,3 +107,15 @@ def test_outputs_written_before_lineage_still_verify_and_count_as_complete(tmp_p
     assert plan.complete == REL and plan.todo == []
     report = verify(job, samples=SHARDS, stream=io.StringIO())
     assert report.ok, {c.name: c.failures for c in report.checks if not c.passed}
+
+
+def test_a_changes_sibling_column_round_trips_through_provenance():
+    """A sibling column under another name (and by default the column's own name) is written and read back."""
+    changes = [appended("a"), appended("a", "s"), replaced("r"), replaced("r", "t"), renamed("w", "v"), removed("x"),
+               absent("y", "z")]
+    assert [c.to_dict() for c in changes[:4]] == [
+        {"column": "a", "change": "append", "sibling": "a"}, {"column": "a", "change": "append", "sibling": "s"},
+        {"column": "r", "change": "replace", "sibling": "r"}, {"column": "r", "change": "replace", "sibling": "t"}]
+    assert [ColumnChange.from_dict(c.to_dict()) for c in changes] == changes
+    layout = replay(["k"], [Step(Status.MERGED, (appended("a", "s"),))])
+    assert layout.origin == {"k": Origin("k"), "a": Origin("s", 0)}
