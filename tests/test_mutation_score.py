@@ -18,13 +18,15 @@ def test_every_triage_line_names_a_mutant_of_its_own_module():
             assert name.startswith(f"{module}.x") and "__mutmut_" in name, f"{path.name}: {name}"
 
 
-def test_the_score_counts_equivalents_as_not_killed():
+def test_the_score_counts_equivalents_and_timeouts_as_not_killed():
     found = {"tasks/windows.py": {"tasks.windows.x_a__mutmut_1": 1, "tasks.windows.x_a__mutmut_2": 0,
-                                  "tasks.windows.x_a__mutmut_3": 0, "tasks.windows.x_a__mutmut_4": 33}}
+                                  "tasks.windows.x_a__mutmut_3": 0, "tasks.windows.x_a__mutmut_4": 33,
+                                  "tasks.windows.x_a__mutmut_5": 36}}
     equivalent = {"tasks.windows.x_a__mutmut_2": "why", "tasks.windows.x_b__mutmut_9": "gone"}
     rows, untriaged, stale = mutation_score.score(["tasks/windows.py"], found, equivalent)
-    assert rows == [{"module": "tasks/windows.py", "generated": 4, "killed": 1, "equivalent": 1, "untriaged": 2,
-                     "score": 0.25}]
+    assert rows == [{"module": "tasks/windows.py", "generated": 5, "killed": 1, "equivalent": 1, "untriaged": 3,
+                     "score": 0.2}]
     assert untriaged == ["tasks.windows.x_a__mutmut_3 (survived)",
-                         "tasks.windows.x_a__mutmut_4 (no test reaches it)"]
+                         "tasks.windows.x_a__mutmut_4 (no test reaches it)",
+                         "tasks.windows.x_a__mutmut_5 (timed out or crashed (36))"]
     assert stale == ["tasks.windows.x_b__mutmut_9"]
