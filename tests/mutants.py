@@ -421,11 +421,12 @@ def table(results) -> str:
     return "\n".join(lines)
 
 
-def write_doc(text: str) -> None:
+def write_doc(text: str, begin: str = BEGIN, end: str = END) -> None:
+    """`text` between the markers `begin` and `end` of docs/guarantees.md (tests/mutation_score.py uses it too)."""
     doc = DOC.read_text()
-    head, _, rest = doc.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    head, _, rest = doc.partition(begin)
+    _, _, tail = rest.partition(end)
+    DOC.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
 
 
 def main(argv=None) -> int:

@@ -26,10 +26,11 @@ import tomllib
 from collections import Counter
 from pathlib import Path
 
+from mutants import write_doc
+
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "mutants"
 TRIAGE = ROOT / "tests" / "mutation_survivors"  # one file a module: tasks.ops.alignment.txt, ...
-DOC = ROOT / "docs" / "guarantees.md"
 BEGIN, END = "<!-- mutation-score:begin -->", "<!-- mutation-score:end -->"
 GOAL = 0.85
 # mutmut's exit codes (mutmut/stats.py): 1 and 3 are kills (a test failed; pytest's internal error); 0 survived;
@@ -130,13 +131,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_doc(text: str) -> None:
-    doc = DOC.read_text()
-    head, _, rest = doc.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-doc", action="store_true")
@@ -157,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in stale:
         print(f"stale triage line (no longer a survivor): {name}")
     if args.write_doc:
-        write_doc(text)
+        write_doc(text, BEGIN, END)
     below = [r["module"] for r in rows if r["score"] < GOAL]
     return 1 if args.check and (below or untriaged or stale) else 0
 
