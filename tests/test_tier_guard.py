@@ -6,7 +6,7 @@ behind, so a test can tell that the guard refused the start rather than reported
 """
 from __future__ import annotations
 
-import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -160,5 +160,6 @@ def test_slow():
 def test_every_allowed_test_exists():
     for nodeid in ALLOWED_TESTS:
         path, name = nodeid.split("::")
-        tree = ast.parse((HERE.parent / path).read_text())
-        assert name in {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}, nodeid
+        # Text, not ast.parse: CPython 3.11.7's AST constructor can fail at random here ("recursion depth
+        # mismatch", seen once in the fast tier) after a RecursionError elsewhere in the session.
+        assert re.search(rf"^def {re.escape(name)}\(", (HERE.parent / path).read_text(), re.M), nodeid
