@@ -125,9 +125,14 @@ def test_announce_prints_one_line_on_stderr_from_a_daemon_thread(monkeypatch, ca
     assert capsys.readouterr() == ("", "SIGTERM: stopping\n")
 
 
-def test_while_owned_a_librarys_install_of_our_signals_is_a_no_op_and_others_go_through():
+def test_while_owned_a_librarys_install_of_our_signals_is_a_no_op_and_others_go_through(monkeypatch):
     def theirs(signum, frame):
         pass
+
+    # An in-process console run earlier in the session keeps its handler for good (the process would exit):
+    # start from signals nobody owns.
+    monkeypatch.setattr(interrupt, "_owner", None)
+    monkeypatch.setattr(signal, "signal", interrupt._set_handler)
 
     usr1 = signal.getsignal(signal.SIGUSR1)
     before = {sig: signal.getsignal(sig) for sig in SIGNALS}
