@@ -34,22 +34,24 @@ REL = sorted(relpaths(SHARDS))
 HOLD_AT = 3
 
 
-def wait_for(path: Path, proc, timeout: float = 180) -> None:
-    """Until the run reaches the hold (a file it writes), or fail with its stderr if it ends first."""
+def wait_until(reached, proc, what: str, timeout: float, shown=lambda: "") -> None:
+    """Poll until the run has done `what` (`reached()`), or fail as soon as it has ended without doing it."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"the run ended before the hold (exit {proc.returncode})"
-        assert time.monotonic() < deadline, "the run never reached the hold"
-        time.sleep(0.02)
+    while not reached():
+        assert proc.poll() is None, f"the run ended before {what} (exit {proc.returncode})"
+        assert time.monotonic() < deadline, f"the run never got to {what}{shown()}"
+        time.sleep(0.02)  # a poll interval: the outcome is the run's file or line, never this wait
+
+
+def wait_for(path: Path, proc, timeout: float = 180) -> None:
+    """Until the run reaches the hold (a file it writes), or fail if it ends first."""
+    wait_until(path.exists, proc, "the hold", timeout)
 
 
 def wait_for_line(path: Path, text: str, proc, timeout: float = 60) -> None:
     """Until the run has written `text` on stderr (its notice that a signal was handled), or fail."""
-    deadline = time.monotonic() + timeout
-    while text not in path.read_text():
-        assert proc.poll() is None, f"the run ended before saying {text!r} (exit {proc.returncode})"
-        assert time.monotonic() < deadline, f"the run never said {text!r}:\n{path.read_text()[-2000:]}"
-        time.sleep(0.02)
+    wait_until(lambda: text in path.read_text(), proc, f"saying {text!r}", timeout,
+               shown=lambda: f":\n{path.read_text()[-2000:]}")
 
 
 def held_run(tmp_path: Path, *flags: str, **hold: str):
