@@ -164,8 +164,9 @@ def busy_workers(cluster, task_name: str) -> list[Proc]:
     return [p for p in processes() if p.ppid in raylets and p.title.split()[:1] == [f"ray::{task_name}"]]
 
 
-def driver_tasks(address: str, driver_pid: int, names=("merge-shard",)) -> list:
-    """Every attempt of the named tasks the driver with `driver_pid` ran on the cluster (Ray's state API)."""
+def driver_tasks(address: str, driver_pid: int, names=("merge-shard",), until=lambda tasks: True) -> list:
+    """Every attempt of the named tasks the driver with `driver_pid` ran on the cluster (Ray's state API), once
+    every attempt seen has ended and `until(attempts)` holds, or after 30 s."""
     from ray.util.state import list_jobs, list_tasks
 
     jobs = [j for j in list_jobs(address=address) if j.driver_info and int(j.driver_info.pid) == driver_pid]
@@ -174,6 +175,7 @@ def driver_tasks(address: str, driver_pid: int, names=("merge-shard",)) -> list:
     while True:  # task events reach the GCS a little after the tasks end
         tasks = [t for t in list_tasks(address=address, filters=[("job_id", "=", jobs[0].job_id)], detail=True,
                                        limit=10_000, raise_on_missing_output=False) if t.name in names]
-        if all(t.state in ("FINISHED", "FAILED") for t in tasks) or time.monotonic() > deadline:
+        ended = all(t.state in ("FINISHED", "FAILED") for t in tasks)
+        if (ended and until(tasks)) or time.monotonic() > deadline:
             return tasks
         time.sleep(1)
