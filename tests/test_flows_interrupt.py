@@ -125,14 +125,18 @@ def test_announce_prints_one_line_on_stderr_from_a_daemon_thread(monkeypatch, ca
     assert capsys.readouterr() == ("", "SIGTERM: stopping\n")
 
 
-def test_while_owned_a_librarys_install_of_our_signals_is_a_no_op_and_others_go_through(monkeypatch):
+def test_while_owned_a_librarys_install_of_our_signals_is_a_no_op_and_others_go_through(monkeypatch, request):
     def theirs(signum, frame):
         pass
 
-    # An in-process console run earlier in the session keeps its handler for good (the process would exit):
-    # start from signals nobody owns.
+    # An in-process console run earlier in the session keeps its handler for good (the process would exit), and
+    # a runner may start pytest with SIGINT ignored (mutmut does; an ignored signal is never taken): start from
+    # signals nobody owns, at their defaults.
     monkeypatch.setattr(interrupt, "_owner", None)
     monkeypatch.setattr(signal, "signal", interrupt._set_handler)
+    for sig in SIGNALS:
+        previous = signal.signal(sig, signal.SIG_DFL)
+        request.addfinalizer(lambda sig=sig, previous=previous: interrupt._set_handler(sig, previous))
 
     usr1 = signal.getsignal(signal.SIGUSR1)
     before = {sig: signal.getsignal(sig) for sig in SIGNALS}
