@@ -208,13 +208,18 @@ class MergeFromSidecar(Operation):
         return f"{self.describe()} mode={self.mode} columns={list(self.columns or ['(all)'])}", notes
 
     def compare_values(self, shard, index: int, record) -> Findings:
-        """The output's key equals the sibling's, and every column this step supplied equals the sibling's."""
+        """The output's key equals the sibling's, and every column this step supplied equals the sibling's
+        (`shard` is one window of rows: `read` gives the sibling's same rows, `compare` counts over all windows)."""
         found = Findings()
         keys = self.input(shard.dataset)
         cols = shard.layout.from_step(index)  # (output column, sibling column), followed through later renames
         try:
             source = shard.read(keys.uri(shard.relpath),
                                 list(dict.fromkeys([keys.source_key, *(sibling for _, sibling in cols)])))
+        except ShardError as exc:  # its row count is not the output's: no row lines up
+            found.keys.append(f"operations[{index}] {keys.target_key} vs source {keys.source_key}: {exc}")
+            found.columns.append(f"operations[{index}]: {exc}")
+            return found
         except Exception as exc:
             found.columns.append(f"operations[{index}]: source shard unreadable: {shard.one_line(exc)}")
             return found

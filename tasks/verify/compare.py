@@ -28,33 +28,65 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+class Tally:
+    """One column's comparison over consecutive windows of a shard: rows that differ counted, the first named
+    by its row within the shard (a window's rows start at `offset`). A type or row-count mismatch is the line."""
+
+    def __init__(self, name: str, rows: int | None = None):
+        self.name, self.rows = name, rows  # rows: the shard's, for the line (else the rows compared)
+        self.compared = self.bad = 0
+        self.first: tuple | None = None
+        self.problem: str | None = None
+
+    def add(self, got: pa.ChunkedArray, want: pa.ChunkedArray, offset: int = 0, cast: bool = False) -> None:
+        if self.problem is not None:
+            return
+        if not got.type.equals(want.type):
+            want = self._cast(got, want, cast)
+            if want is None:
+                return
+        if len(got) != len(want):
+            self.problem = f"column {self.name!r} has {len(got)} rows, expected {len(want)}"
+            return
+        self.compared += len(got)
+        if not got.equals(want):
+            self._count(got, want, offset)
+
+    def _cast(self, got: pa.ChunkedArray, want: pa.ChunkedArray, cast: bool) -> pa.ChunkedArray | None:
+        try:
+            if cast:
+                return want.cast(got.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+        self.problem = f"column {self.name!r} is {got.type}, expected {want.type}"
+        return None
+
+    def _count(self, got: pa.ChunkedArray, want: pa.ChunkedArray, offset: int) -> None:
+        for start in range(0, len(got), SLICE):
+            g, w = got.slice(start, SLICE), want.slice(start, SLICE)
+            if g.equals(w):
+                continue
+            for i, (x, y) in enumerate(zip(g.to_pylist(), w.to_pylist())):
+                if not _same(x, y):
+                    self.bad += 1
+                    if self.first is None:
+                        self.first = (offset + start + i, x, y)
+
+    def line(self) -> str | None:
+        """None while equal value for value (NaN equal to NaN), else one line: how many rows differ, the first."""
+        if self.problem is not None or not self.bad:
+            return self.problem  # None: equal, or only NaNs differed
+        row, x, y = self.first
+        rows = self.compared if self.rows is None else self.rows
+        return (f"column {self.name!r}: {self.bad} of {rows} rows differ, first at row {row}: "
+                f"{_short(x)} vs {_short(y)}")
+
+
 def compare(name: str, got: pa.ChunkedArray, want: pa.ChunkedArray, cast: bool = False) -> str | None:
     """None when equal value for value, else one line: how many rows differ and the first one."""
-    if not got.type.equals(want.type):
-        if not cast:
-            return f"column {name!r} is {got.type}, expected {want.type}"
-        try:
-            want = want.cast(got.type)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return f"column {name!r} is {got.type}, expected {want.type}"
-    if len(got) != len(want):
-        return f"column {name!r} has {len(got)} rows, expected {len(want)}"
-    if got.equals(want):
-        return None
-    bad, first = 0, None
-    for offset in range(0, len(got), SLICE):
-        g, w = got.slice(offset, SLICE), want.slice(offset, SLICE)
-        if g.equals(w):
-            continue
-        for i, (x, y) in enumerate(zip(g.to_pylist(), w.to_pylist())):
-            if not _same(x, y):
-                bad += 1
-                if first is None:
-                    first = (offset + i, x, y)
-    if not bad:
-        return None  # only NaNs differed
-    row, x, y = first
-    return f"column {name!r}: {bad} of {len(got)} rows differ, first at row {row}: {_short(x)} vs {_short(y)}"
+    tally = Tally(name)
+    tally.add(got, want, cast=cast)
+    return tally.line()
 
 
 def read(uri: str, columns: list[str] | None = None, drop: str | None = None) -> pa.Table:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from tasks.errors import ConfigError
@@ -67,22 +67,26 @@ def choose_sample(shards: list[str], n: int, seed: int) -> list[str]:
     return sorted(random.Random(seed).sample(sorted(shards), n))
 
 
-def read_all_footers(plan: Plan, present: list[str], specs, scope: set[str], stream) -> dict[str, FooterFacts]:
-    facts: dict[str, FooterFacts] = {}
-    progress = Progress("verify footers", len(present), stream=stream)
-    with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-        futures = [pool.submit(read_footers, plan.job, rel, specs, rel in scope, ROWS, plan.inputs(rel))
-                   for rel in present]
-        for future in as_completed(futures):
-            fact = future.result()
-            facts[fact.relpath] = fact
-            progress.update(done=1, rows=fact.out_rows or 0)
-    progress.close()
+def footer_reads(pool: ThreadPoolExecutor, plan: Plan, shards: list[str], specs, scope: set[str]) -> list[Future]:
+    """Read both footers of each shard (sizes from the listings: no HEAD request on S3)."""
+    job = plan.job
+    return [pool.submit(read_footers, job, rel, specs, rel in scope, ROWS, plan.inputs(rel),
+                        (plan.base.shards[rel], plan.output.shards[rel])) for rel in shards]
+
+
+def collect(futures: list[Future], progress: Progress) -> dict[str, FooterFacts]:
+    facts = {}
+    for future in as_completed(futures):
+        fact = future.result()
+        facts[fact.relpath] = fact
+        progress.update(done=1, rows=fact.out_rows or 0)
     return facts
 
 
 def verify(job: Job, samples: int = 50, seed: int = 0, all_shards: bool = False, run: Runner | None = None,
            stream=None) -> Report:
+    """Footers of the statistics' scope first (their ranges bin the histograms), then the shard checks of the
+    sample and scope, bounded in flight, while the footers of every other shard are read beside them."""
     if samples < 0:
         raise ConfigError(f"--samples must be 0 or more, got {samples}")
     start = time.monotonic()
@@ -92,19 +96,29 @@ def verify(job: Job, samples: int = 50, seed: int = 0, all_shards: bool = False,
     sample = choose_sample(present, samples, seed)
     scope = present if all_shards else sample
     specs = stat_specs(pipe.dataset)
-    ctx = Context(job, plan, present, read_all_footers(plan, present, specs, set(scope), stream))
-
-    ranges: dict = {}
-    for rel in scope:
-        merge_ranges(ranges, ctx.facts[rel].ranges)
     sample_set, scope_set = set(sample), set(scope)
-    tasks = [ShardTask(rel, rel in sample_set, rel in scope_set, ctx.facts[rel].records, ranges)
-             for rel in sorted(sample_set | scope_set)]
-    results, stats = _run(job, specs, tasks, run or check_locally, stream)
+    progress = Progress("verify footers", len(present), stream=stream)
+    with ThreadPoolExecutor(FOOTER_THREADS) as pool:
+        facts = collect(footer_reads(pool, plan, scope, specs, scope_set), progress)
+        rest = footer_reads(pool, plan, [rel for rel in present if rel not in scope_set], specs, scope_set)
+        ranges: dict = {}
+        for rel in scope:
+            merge_ranges(ranges, facts[rel].ranges)
+        tasks = [ShardTask(rel, rel in sample_set, rel in scope_set, facts[rel].records, ranges, listed(plan, rel))
+                 for rel in sorted(sample_set | scope_set)]
+        try:
+            results, stats = _run(job, specs, tasks, run or check_locally, stream)
+        except BaseException:
+            for future in rest:  # interrupted: the footers not yet read are not waited for
+                future.cancel()
+            raise
+        facts.update(collect(rest, progress))
+    progress.close()
+    ctx = Context(job, plan, present, facts)
     redo = [s for s in stats.values() if not all(f.histogram_ok() for f in s.fields.values())]
     if redo:  # footers lacked statistics or disagreed with the data: bin again with the exact ranges
         exact = {f"{s.column}.{n}": (f.min, f.max) for s in stats.values() for n, f in s.fields.items() if f.count}
-        again = [ShardTask(rel, False, True, None, exact) for rel in scope]
+        again = [ShardTask(rel, False, True, None, exact, listed(plan, rel)) for rel in scope]
         _, stats = _run(job, specs, again, run or check_locally, stream)
 
     checks = make_checks(ctx, results, len(sample), seed)
@@ -118,6 +132,11 @@ def verify(job: Job, samples: int = 50, seed: int = 0, all_shards: bool = False,
                   sampled=sample, seed=seed, stats_scope="all" if all_shards else "sample",
                   stats_shards=len(scope), checks=checks, statistics=statistics,
                   seconds=time.monotonic() - start)
+
+
+def listed(plan: Plan, relpath: str) -> dict[str, str]:
+    """The identities a shard check reads its objects by (no HEAD on S3, reads pinned to them)."""
+    return {**plan.listed(relpath), plan.job.output_uri(relpath): plan.output.ids[relpath]}
 
 
 def make_checks(ctx: Context, results: list[ShardResult], sampled: int, seed: int) -> list[Check]:

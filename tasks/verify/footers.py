@@ -54,19 +54,20 @@ class FooterFacts:
 
 
 def read_footers(job: Job, relpath: str, specs: tuple[StatSpec, ...], want_ranges: bool,
-                 unreadable: str, inputs: dict | None = None) -> FooterFacts:
+                 unreadable: str, inputs: dict | None = None, sizes: tuple[int | None, int | None] = (None, None)) -> FooterFacts:
     """Read both footers and run every footer check; an unreadable footer is one problem of check `unreadable`.
-    `inputs`: the identities of the shard's inputs as listed now, for the check that the output is current."""
+    `inputs`: the identities of the shard's inputs as listed now, for the check that the output is current;
+    `sizes`: the base's and the output's sizes as listed (no HEAD request on S3)."""
     image = job.pipeline.dataset.image_column
     try:
-        base_meta = storage.read_footer(job.base_uri(relpath))
+        base_meta = storage.read_footer(job.base_uri(relpath), sizes[0])
         base_schema = base_meta.schema.to_arrow_schema()
         if image in base_schema.names:
             base_schema = base_schema.remove(base_schema.get_field_index(image))
     except Exception as exc:
         return FooterFacts(relpath, None, None, ((unreadable, f"base footer unreadable: {one_line(exc)}"),), None)
     try:
-        out_meta = storage.read_footer(job.output_uri(relpath))
+        out_meta = storage.read_footer(job.output_uri(relpath), sizes[1])
         out_schema = out_meta.schema.to_arrow_schema()
     except Exception as exc:
         return FooterFacts(relpath, base_meta.num_rows, None,

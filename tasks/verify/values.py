@@ -1,12 +1,18 @@
-"""Data checks on one shard: the output re-read and compared with base and siblings, value for value.
+"""Data checks on one shard: the output re-read and compared with base and siblings, value for value, a window of
+rows at a time.
 
-`check_shard` is the unit of work a Runner schedules (locally, on Prefect or Ray); it runs every registered
-data check on a `ShardValues` and folds score statistics. Data problems become failures, never exceptions.
+`check_shard` is the unit of work a Runner schedules (locally, on Prefect or Ray). It opens the output, the base
+and each sibling once, reads them in lockstep windows of WINDOW_ROWS rows (tasks.windows.RowWindows: whatever
+their row groups), runs every registered data check on each window's `ShardValues` and folds score statistics
+window by window. Comparisons tally across windows (`Tally`), so the lines of the last window are the shard's.
+Memory holds a window of each file, never a whole table. Data problems become failures, never exceptions.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -14,15 +20,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks import storage
-from tasks.merge import Job
+from tasks.errors import ShardError
+from tasks.merge import Job, input_reads
 from tasks.ops.base import Findings
 from tasks.ops.lineage import History, Layout, Status, Step, replay
 from tasks.scorestats import ColumnPartial, StatSpec, column_partial
 from tasks.verify.checks import BASE
-from tasks.verify.compare import compare, one_line, read
+from tasks.verify.compare import Tally, one_line
 from tasks.verify.registry import of_stage
+from tasks.windows import RowWindows
 
-DEEP_THREADS = 4
+DEEP_THREADS = 8
+WINDOW_ROWS = 65_536  # rows of each file a deep check holds at once
+READ_BUFFER = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,7 @@ class ShardTask:
     stats: bool
     records: tuple[Step, ...] | None
     ranges: dict
+    listed: dict = field(default_factory=dict)  # uri -> identity from the plan's listings (storage.listed)
 
 
 @dataclass
@@ -58,25 +69,83 @@ def derived_records(job: Job, base: pa.Schema, relpath: str) -> tuple[Step, ...]
     return history.records
 
 
+class Streams:
+    """What the windows of one shard share: its files, each opened once (closed with `stack`), their readers
+    advanced in lockstep, and the tally of every comparison. A read that fails after the first window leaves
+    the shard `broken`: the checks stop there, with what they found so far."""
+
+    def __init__(self, rows: int, stack: ExitStack, window_rows: int = WINDOW_ROWS):
+        self.rows, self.stack, self.window_rows = rows, stack, window_rows
+        self.files: dict[str, pq.ParquetFile] = {}
+        self.readers: dict[tuple, RowWindows | BaseException] = {}
+        self.taken: dict[tuple, int] = {}
+        self.tallies: dict[tuple[str, int], Tally] = {}
+        self.broken = False
+
+    def open(self, uri: str) -> pq.ParquetFile:
+        if uri not in self.files:
+            self.files[uri] = parquet_file(self.stack.enter_context(storage.open_parquet(uri)))
+        return self.files[uri]
+
+    def take(self, uri: str, columns: list[str], offset: int, n: int) -> pa.Table:
+        """Rows offset..offset+n of the file's columns (a reader per (uri, columns), kept in step)."""
+        key = (uri, tuple(columns))
+        try:
+            reader = self.readers.get(key) or self._reader(uri, columns)
+            if isinstance(reader, BaseException):
+                raise reader
+            while self.taken.get(key, 0) < offset:  # a reader first asked for after the first window
+                skip = min(offset - self.taken.get(key, 0), self.window_rows)
+                self.taken[key] = self.taken.get(key, 0) + reader.take(skip).num_rows
+            window = reader.take(n)
+            self.taken[key] = offset + n
+            return window
+        except BaseException as exc:
+            self.readers[key] = exc
+            self.broken = self.broken or offset > 0
+            raise
+
+    def _reader(self, uri: str, columns: list[str]) -> RowWindows:
+        pf = self.open(uri)
+        if pf.metadata.num_rows != self.rows:
+            raise ShardError(f"source shard has {pf.metadata.num_rows} rows, the output has {self.rows}")
+        reader = self.readers[(uri, tuple(columns))] = RowWindows(pf, list(columns), self.window_rows)
+        return reader
+
+
 @dataclass
 class ShardValues:
-    """One sampled shard as the data checks (and Operation.compare_values) see it."""
+    """One window of a sampled shard as the data checks (and Operation.compare_values) see it: `out` and `base`
+    are the window's rows (from row `offset` of the shard), `read(uri, columns)` the same rows of another file,
+    `compare(name, got, want, cast)` a line counting the differences of every window so far."""
 
     job: Job
     relpath: str
     out: pa.Table
     base: pa.Table
     records: tuple[Step, ...]
+    offset: int = 0
+    streams: Streams | None = None
+
+    def __post_init__(self):
+        if self.streams is None:  # one window: the whole of these tables
+            self.streams = Streams(self.out.num_rows, ExitStack())
+        self._seen: Counter = Counter()
 
     @property
     def dataset(self):
         return self.job.pipeline.dataset
 
     def read(self, uri: str, columns: list[str]) -> pa.Table:
-        return read(uri, columns)
+        return self.streams.take(uri, columns, self.offset, self.out.num_rows)
 
     def compare(self, name: str, got: pa.ChunkedArray, want: pa.ChunkedArray, cast: bool = False) -> str | None:
-        return compare(name, got, want, cast)
+        """The n-th comparison of `name` in a window continues the n-th of the windows before."""
+        self._seen[name] += 1
+        key = (name, self._seen[name])
+        tally = self.streams.tallies.setdefault(key, Tally(name, self.streams.rows))
+        tally.add(got, want, self.offset, cast)
+        return tally.line()
 
     def one_line(self, exc: BaseException) -> str:
         return one_line(exc)
@@ -94,50 +163,129 @@ class ShardValues:
                 for i, (op, rec) in enumerate(zip(self.job.pipeline.operations, self.records))]
 
 
-def load_values(job: Job, relpath: str, out: pa.Table, records) -> ShardValues | str:
-    """The shard's tables for the data checks, or why they cannot run (a failure of the first data check)."""
-    try:
-        base = read(job.base_uri(relpath), drop=job.pipeline.dataset.image_column)
-    except Exception as exc:
-        return f"base shard unreadable: {one_line(exc)}"
-    if base.num_rows != out.num_rows:
-        return f"output has {out.num_rows} rows, base has {base.num_rows}; values not compared"
-    return ShardValues(job, relpath, out, base, records or derived_records(job, base.schema, relpath))
+def parquet_file(f) -> pq.ParquetFile:
+    """A local file (a pyarrow NativeFile) is read through a small buffer, not a column chunk at a time."""
+    return pq.ParquetFile(f, buffer_size=READ_BUFFER) if isinstance(f, pa.NativeFile) else pq.ParquetFile(f)
 
 
-def deep_failures(job: Job, relpath: str, out: pa.Table, records: tuple[Step, ...] | None) -> dict[str, str]:
-    shard = load_values(job, relpath, out, records)
-    if isinstance(shard, str):
-        return {BASE: shard}
+def data_lines(shard: ShardValues) -> dict[str, str]:
+    """Every data check on one window: check name -> its lines joined (checks that found nothing left out)."""
     found = {check.name: check.run(shard) for check in of_stage("data")}
     return {name: "; ".join(lines) for name, lines in found.items() if lines}
 
 
+def deep_failures(job: Job, relpath: str, out: pa.Table, records: tuple[Step, ...] | None) -> dict[str, str]:
+    """The data checks of a shard whose output is at hand whole (one window)."""
+    with ExitStack() as stack:
+        try:
+            base_pf = pq.ParquetFile(stack.enter_context(storage.open_parquet(job.base_uri(relpath))))
+            base = base_pf.read(columns=base_columns(job, base_pf), use_threads=True)
+        except Exception as exc:
+            return {BASE: f"base shard unreadable: {one_line(exc)}"}
+        if base.num_rows != out.num_rows:
+            return {BASE: f"output has {out.num_rows} rows, base has {base.num_rows}; values not compared"}
+        records = records or derived_records(job, base.schema, relpath)
+        return data_lines(ShardValues(job, relpath, out, base, records, 0, Streams(out.num_rows, stack)))
+
+
+def base_columns(job: Job, pf: pq.ParquetFile) -> list[str]:
+    return [n for n in pf.schema_arrow.names if n != job.pipeline.dataset.image_column]
+
+
+class Deep:
+    """A sampled shard's deep checks fed window by window; `failures` holds the lines of the last window fed."""
+
+    def __init__(self, job: Job, relpath: str, records, streams: Streams, base: pq.ParquetFile):
+        self.job, self.relpath, self.streams = job, relpath, streams
+        self.base_uri, self.base_names = job.base_uri(relpath), base_columns(job, base)
+        schema = pa.schema([base.schema_arrow.field(n) for n in self.base_names])  # as the merge reads the base
+        self.records = records or derived_records(job, schema, relpath)
+        self.failures: dict[str, str] = {}
+
+    def window(self, out: pa.Table, offset: int) -> None:
+        try:
+            base = self.streams.take(self.base_uri, self.base_names, offset, out.num_rows)
+        except Exception as exc:
+            self.failures = {BASE: f"base shard unreadable: {one_line(exc)}"}
+            return
+        self.failures = data_lines(ShardValues(self.job, self.relpath, out, base, self.records, offset,
+                                               self.streams))
+
+
+def open_deep(job: Job, relpath: str, records, streams: Streams) -> Deep | str:
+    """The shard's deep checks with its base opened, or why they cannot run (a failure of the first data check)."""
+    try:
+        base = streams.open(job.base_uri(relpath))
+    except Exception as exc:
+        return f"base shard unreadable: {one_line(exc)}"
+    if base.metadata.num_rows != streams.rows:
+        return f"output has {streams.rows} rows, base has {base.metadata.num_rows}; values not compared"
+    return Deep(job, relpath, records, streams, base)
+
+
+def prefetch(job: Job, task: ShardTask, columns: list[str] | None) -> list[str]:
+    """Start fetching the shard's objects at once where that saves round trips (S3, listed identities); the
+    URIs asked for, to release what the check does not take."""
+    out = job.output_uri(task.relpath)
+    reads = [(out, (lambda c: True) if columns is None else columns.__contains__)]
+    if task.deep:
+        reads += input_reads(job, task.relpath)
+    for uri, wanted in reads:
+        storage.fetch_ahead(uri, wanted)
+    return [uri for uri, _ in reads]
+
+
 def check_shard(job: Job, task: ShardTask, specs: tuple[StatSpec, ...]) -> ShardResult:
     """Deep checks and/or statistics for one shard; data problems become failures, never exceptions."""
-    result = ShardResult(task.relpath)
     columns = None if task.deep else [s.column for s in specs]
+    with storage.listed(task.listed), ExitStack() as stack:
+        stack.callback(storage.forget_ahead, prefetch(job, task, columns))
+        return _check(job, task, specs, columns, stack)
+
+
+def _check(job: Job, task: ShardTask, specs, columns: list[str] | None, stack: ExitStack) -> ShardResult:
+    result, uri = ShardResult(task.relpath), job.output_uri(task.relpath)
     try:
-        with storage.open_parquet(job.output_uri(task.relpath)) as f:
-            pf = pq.ParquetFile(f)
-            names = pf.schema_arrow.names
-            out = pf.read(columns=[c for c in names if columns is None or c in columns], use_threads=True)
+        out = parquet_file(stack.enter_context(storage.open_parquet(uri)))
     except Exception as exc:
         result.failures[BASE] = f"output shard unreadable: {one_line(exc)}"
         return result
-    result.rows = out.num_rows
-    if task.deep:
-        result.failures.update(deep_failures(job, task.relpath, out, task.records))
-    if task.stats:
-        for spec in specs:
-            part = column_partial(out, spec, task.ranges)
-            if part is not None:
-                result.stats[spec.column] = part
+    streams = Streams(out.metadata.num_rows, stack)
+    streams.files[uri], result.rows = out, streams.rows
+    names = [c for c in out.schema_arrow.names if columns is None or c in columns]
+    deep = open_deep(job, task.relpath, task.records, streams) if task.deep else None
+    if isinstance(deep, str):
+        result.failures[BASE], deep = deep, None
+    for offset in range(0, max(streams.rows, 1), WINDOW_ROWS):  # an empty shard is one empty window
+        try:
+            window = streams.take(uri, names, offset, min(WINDOW_ROWS, streams.rows - offset))
+        except Exception as exc:
+            return ShardResult(task.relpath, streams.rows, {BASE: f"output shard unreadable: {one_line(exc)}"})
+        if deep is not None:
+            deep.window(window, offset)
+        if task.stats:
+            fold_stats(result.stats, window, specs, task.ranges)
+        if streams.broken:
+            break
+    result.failures.update(deep.failures if deep is not None else {})
     return result
 
 
+def fold_stats(stats: dict[str, ColumnPartial], window: pa.Table, specs, ranges: dict) -> None:
+    """Add one window's statistics to the shard's (which counts as one shard, however many windows)."""
+    for spec in specs:
+        part = column_partial(window, spec, ranges)
+        if part is None:
+            continue
+        if spec.column in stats:
+            part.shards = 0
+            stats[spec.column].add(part)
+        else:
+            stats[spec.column] = part
+
+
 def check_locally(job: Job, specs: tuple[StatSpec, ...], tasks: list[ShardTask]) -> Iterator[ShardResult]:
-    """The default runner: a small thread pool (each check holds a few tables)."""
+    """The default runner: a small thread pool (each check holds a window of each file it reads)."""
     with ThreadPoolExecutor(DEEP_THREADS) as pool:
         futures = [pool.submit(check_shard, job, t, specs) for t in tasks]
         for future in as_completed(futures):
