@@ -3,14 +3,17 @@
     python bench/run.py [--size smoke|small|full] [--only W1,W3] [--w6-counts 1000,10000]
 
 Data goes under bench/data/<size>/ (gitignored, reused when its parameters match); results go to
-bench/out/results.json. W0 fixed cost, W1 merge kernel vs floor and peers, W2 orchestration (thread
-runner vs Ray), W3 resume, W4 scale and memory, W5 S3 request counts, W6 scaling in shard count (chain,
-fused, fused on Ray vs plain Ray and a sequential floor; Prefect server CPU and database growth), W7 end to
-end, each contender a fresh process (sidecar-ops run vs a plain pyarrow script; one-shard fixed cost), W8 S3 with a
-first-byte latency per request (default 15 ms; --w8-latency-ms): requests by kind, bytes, wall, against a minimal
-pyarrow script sequential and 8 shards at once, a resume and a one-shard run; W9 peak RSS of one shard against
-its rows (a whole-table script vs a one-shard run). Ratios are against a floor
-measured in the same run; values are medians of `repeats` runs. Nothing here asserts a time.
+bench/out/results.json (`python bench/current.py RESULTS.json...` turns them into RESULTS.md's current table).
+W0 fixed cost, W1 merge kernel vs floor and peers, W2 orchestration (thread runner vs Ray), W3 resume, W4
+scale and memory, W5 S3 request counts, W6 scaling in shard count (chain, fused, fused on Ray vs plain Ray and
+a sequential floor; Prefect server CPU and database growth), W7 end to end, each contender a fresh process
+(sidecar-ops run vs a plain pyarrow script; one-shard fixed cost), W8 S3 with a first-byte latency per request
+(default 15 ms; --w8-latency-ms): requests by kind, bytes, wall, against a minimal pyarrow script sequential
+and 8 shards at once, a resume and a one-shard run, and `sidecar-ops verify` against a script doing the
+guide's validation with 8 threads; W9 peak RSS of one shard against its rows at the row-group layouts users
+have (pyarrow's default, one row group, Spark's 128 MiB): a whole-table script, a one-shard run, `sidecar-ops
+verify --all` and a whole-table verify script. Ratios are against a floor measured in the same run; values are
+medians of `repeats` runs. Nothing here asserts a time.
 """
 from __future__ import annotations
 
@@ -32,19 +35,21 @@ SIZES = {
                   w4_dry_shards=[200], w4_mem_rows=2_000, w4_driver_shards=[5, 20], w5_shards=2, w5_rows=1_000,
                   ray_overhead_tasks=0, w6_counts=[20, 60],
                   w6_max={"ray": 20, "plain_ray": 20},  # each Ray mode once: a local Ray takes 10-30 s to start here
-                  w7_shards=3, w7_rows=2_000, w8_shards=2, w8_rows=1_000, w9_rows=[5_000, 10_000, 20_000]),
+                  w7_shards=3, w7_rows=2_000, w8_shards=2, w8_rows=1_000,
+                  w9_rows=[5_000, 10_000], w9_goal_rows=10_000, w9_growth=(5_000, 10_000)),
     "small": dict(repeats=3, w0_rows=1_000, w1_shards=4, w1_rows=50_000, w2_shards=100, w2_repeats=3,
                   w3_shards=100, w4_dry_shards=[10_000], w4_mem_rows=25_000, w4_driver_shards=[100, 1_000],
                   w5_shards=2, w5_rows=25_000, ray_overhead_tasks=50, w6_counts=[100, 1_000, 3_000],
                   w7_shards=12, w7_rows=20_000, w8_shards=12, w8_rows=20_000,
-                  w9_rows=[100_000, 200_000, 400_000]),
+                  w9_rows=[100_000, 200_000, 400_000], w9_goal_rows=200_000, w9_growth=(100_000, 400_000)),
     "full": dict(repeats=3, w0_rows=1_000, w1_shards=16, w1_rows=250_000, w2_shards=1_000, w2_repeats=3,
                  w3_shards=1_000, w4_dry_shards=[10_000, 100_000], w4_mem_rows=250_000,
                  w4_driver_shards=[1_000, 10_000], w5_shards=4, w5_rows=50_000, ray_overhead_tasks=50,
                  # the per-operation chain at 100,000 shards would take over an hour on 2 cores: 30,000 at most; the
                  # sequential loop (no orchestration to scale) stops at 10,000 to keep W6 within a session
                  w6_counts=[1_000, 10_000, 100_000], w6_max={"chain": 30_000, "sequential": 10_000}, w7_shards=12, w7_rows=200_000,
-                 w8_shards=24, w8_rows=20_000, w9_rows=[500_000, 1_000_000, 1_500_000, 2_000_000]),
+                 w8_shards=24, w8_rows=20_000, w9_rows=[500_000, 1_000_000, 1_500_000, 2_000_000, 4_000_000],
+                 w9_goal_rows=1_500_000, w9_growth=(1_000_000, 4_000_000)),
 }
 WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9")
 NEEDS_SERVER = {"W1", "W2", "W3", "W4", "W5"}  # W6 starts its own (measured) server; W7 runs as a user does
@@ -115,8 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--w6-modes", default=None, help="comma-separated W6 modes (default: all): chain, fused, ray, "
                    "plain_ray, sequential")
     p.add_argument("--w8-latency-ms", type=float, default=None, help="W8's first-byte latency per request (15)")
+    p.add_argument("--w9-layouts", default=None, help="comma-separated W9 layouts (default: pyarrow,one,spark)")
     args = p.parse_args(argv)
     size = dict(SIZES[args.size])
+    if args.w9_layouts:
+        size["w9_layouts"] = [m.strip() for m in args.w9_layouts.split(",") if m.strip()]
     if args.w6_counts:
         size["w6_counts"] = [int(n) for n in args.w6_counts.split(",")]
     if args.w6_modes:

@@ -45,13 +45,17 @@ EXPECTED["W7"] = ["(a) floor: plain pyarrow script, start -> exit", "(b) sidecar
 W8_A, W8_B, W8_C = "(a) script, sequential", "(b) script, 8 shards at once", "(c) sidecar-ops run"
 W8_D, W8_E = "(d) resume: sidecar-ops run on the finished output", "(e) one-shard sidecar-ops run"
 W8_F = "(f) sidecar-ops run --task-per-operation"
+W8_G, W8_H = "(g) sidecar-ops verify --all", "(h) one-shard sidecar-ops verify"
+W8_I = "(i) verify script, 8 shards at once"
 EXPECTED["W8"] = [f"{W8_A}: wall", f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: wall", f"{W8_E}: wall (start-up)",
                   "(c) - (e): wall minus start-up", f"{W8_B}: I/O phase", f"{W8_C}: I/O phase", f"{W8_F}: wall",
                   f"{W8_F}: I/O phase",
                   f"{W8_A}: requests per shard", f"{W8_B}: requests per shard",
                   f"{W8_C}: requests per shard", f"{W8_D}: requests per shard", f"{W8_E}: requests",
                   "(d) resume: requests per shard beyond the listings", f"{W8_A}: GET bytes per shard",
-                  f"{W8_C}: GET bytes per shard", f"{W8_D}: GET bytes per shard"]
+                  f"{W8_C}: GET bytes per shard", f"{W8_D}: GET bytes per shard",
+                  f"{W8_I}: wall", f"{W8_G}: wall", f"{W8_H}: wall (start-up)", "(g) - (h): verify wall minus start-up",
+                  f"{W8_I}: requests per shard", f"{W8_G}: requests per shard", f"{W8_H}: requests"]
 A, B, C, D, E = W6_MODES
 RATIO_ROWS = {("W1", name) for name in EXPECTED["W1"][1:]} | {
     ("W2", "--use-ray (FastRayTaskRunner), full flow"), ("W3", "resume rerun on complete output"),
@@ -62,14 +66,23 @@ RATIO_ROWS = {("W1", name) for name in EXPECTED["W1"][1:]} | {
     ("W6", f"{A} @ 60: driver peak RSS"), ("W6", f"{B} @ 60: driver peak RSS"),
     *(("W8", name) for name in (f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: wall", f"{W8_C}: I/O phase",
                                 f"{W8_F}: wall", f"{W8_F}: I/O phase",
-                                f"{W8_C}: requests per shard", f"{W8_C}: GET bytes per shard"))}
+                                f"{W8_C}: requests per shard", f"{W8_C}: GET bytes per shard",
+                                f"{W8_G}: wall", f"{W8_G}: requests per shard"))}
 W9_A, W9_B, W9_C = ("(a) whole-table script", "(b) one-shard sidecar-ops run",
                     "(c) one-shard sidecar-ops run --task-per-operation")
-W9_ROWS = ("5,000", "10,000", "20,000")  # bench/run.py's smoke w9_rows
-EXPECTED["W9"] = [f"{who} @ {n} rows: peak RSS" for n in W9_ROWS for who in (W9_A, W9_B, W9_C)] + [
-    f"{who}: peak RSS growth, 10,000 -> 20,000 rows" for who in (W9_A, W9_B, W9_C)]
-RATIO_ROWS |= {("W9", f"{who} @ {n} rows: peak RSS") for n in W9_ROWS for who in (W9_B, W9_C)} | {
-    ("W9", f"{who}: peak RSS growth, 10,000 -> 20,000 rows") for who in (W9_A, W9_B, W9_C)}
+W9_D, W9_E = "(d) sidecar-ops verify --samples 1 --all", "(e) whole-table verify script"
+W9_ROWS = ("5,000", "10,000")  # bench/run.py's smoke w9_rows; the goal rows are the last, growth is first -> last
+W9_LAYOUTS = {"pyarrow": (W9_B, W9_C, W9_D, W9_E), "one": (W9_B, W9_D, W9_E), "spark": (W9_B, W9_D, W9_E)}
+EXPECTED["W9"] = [f"{who} @ {layout}, {n} rows: peak RSS" for layout, whom in W9_LAYOUTS.items() for n in W9_ROWS
+                  for who in (W9_A, *whom)] + [
+    f"{who} @ {layout}: peak RSS growth, 5,000 -> 10,000 rows" for layout, whom in W9_LAYOUTS.items()
+    for who in (W9_A, *whom)]
+RATIO_ROWS |= {("W9", name) for name in EXPECTED["W9"] if not name.startswith(f"{W9_A} @ ") or "growth" in name}
+# The issue's goals: (b) and (d) <= 0.5x (a) at the goal rows for the pyarrow and one layouts, growth <= 1.2x at all.
+W9_GOALS = {f"{who} @ {layout}, 10,000 rows: peak RSS": "<= 0.5"
+            for who in (W9_B, W9_D) for layout in ("pyarrow", "one")}
+W9_GOALS |= {f"{who} @ {layout}: peak RSS growth, 5,000 -> 10,000 rows": "<= 1.2"
+             for who in (W9_B, W9_D) for layout in W9_LAYOUTS}
 # A difference of two walls: at smoke size (2 shards) it is noise around 0 and may be negative; reported all the same.
 SIGNED_RATIO_ROWS = {("W8", "(c) - (e): wall minus start-up")}
 
@@ -125,4 +138,14 @@ def test_smoke_size_produces_every_row_and_ratio(tmp_path):
     resume = w8[f"{W8_D}: requests per shard"]
     assert "PUT" not in resume["note"] and "GET" in resume["note"], resume
     assert w8["(d) resume: requests per shard beyond the listings"]["value"] > 0
+    # verify reads and lists, never writes; so does the validation script (issue 27, deliverable 3)
+    for name in (f"{W8_G}: requests per shard", f"{W8_I}: requests per shard"):
+        kinds = request_kinds(w8[name])
+        assert kinds.get("GET", 0) > 0 and kinds.get("LIST", 0) > 0 and "PUT" not in kinds, (name, kinds)
+    assert w8[f"{W8_G}: requests per shard"]["goal"] == "<= 1.0", w8[f"{W8_G}: requests per shard"]
+    # W9: every layout's case was written with its row groups, and each goal sits on its row
+    for layout in W9_LAYOUTS:
+        assert "base row groups" in rows["W9", f"{W9_A} @ {layout}, 5,000 rows: peak RSS"]["note"], layout
+    for name, goal in W9_GOALS.items():
+        assert rows["W9", name]["goal"] == goal and rows["W9", name]["met"] is not None, name
     assert "| W1 | (a) floor: minimal pyarrow |" in proc.stdout

@@ -7,7 +7,9 @@ pandas   pd.read_parquet (pyarrow dtypes) + merge on the keys + to_parquet (zstd
 duckdb   COPY (base POSITIONAL JOIN dqm POSITIONAL JOIN aes) TO parquet (zstd, same row groups)
 
 Also run alone in a fresh interpreter (bench/workloads/probe.py `contender`), not in W1:
-floor_keys   the floor that also reads each source's key column and checks it equals the base's (W7)
+floor_keys   the floor that also reads each source's key column and checks it equals the base's (W7, W9 (a))
+verify_whole the guide's validation of a merged output, whole tables (W9 (e)): read the output, the base and
+             each source's key and score columns whole; compare the keys, the base columns, the merged columns
 ray_kernel   plain Ray: one ray.remote merge_shard per shard, a bounded window of refs in flight (W6)
 """
 from __future__ import annotations
@@ -49,6 +51,22 @@ def floor(case: Case, out: str, check_keys: bool = False) -> None:
 
 def floor_keys(case: Case, out: str) -> None:
     floor(case, out, check_keys=True)
+
+
+def verify_whole(case: Case, out: str) -> None:
+    """`out` is a merged output of `case` (an output folder of floor or sidecar-ops run), checked shard by shard."""
+    for rel in case.relpaths:
+        merged = pq.read_table(out + rel)
+        base = pq.read_table(case.path("base", rel))
+        for name in base.column_names:
+            if not merged.column(name).equals(base.column(name)):
+                raise ValueError(f"{rel}: the output's {name} differs from the base's")
+        for sidecar, key, column in SOURCES:
+            src = pq.read_table(case.path(sidecar, rel), columns=[key, column])
+            if not src.column(key).equals(merged.column(key)):
+                raise ValueError(f"{rel}: {sidecar} {key} differs from the output's")
+            if not src.column(column).equals(merged.column(column)):
+                raise ValueError(f"{rel}: the output's {column} differs from {sidecar}'s")
 
 
 def _job(case: Case, out: str):
@@ -131,4 +149,4 @@ def duckdb(case: Case, out: str) -> None:
 
 CONTENDERS = {"floor": floor, "kernel": kernel, "kernel_noverify": kernel_noverify, "pandas": pandas,
               "duckdb": duckdb}
-ALONE = {**CONTENDERS, "floor_keys": floor_keys, "ray_kernel": ray_kernel}
+ALONE = {**CONTENDERS, "floor_keys": floor_keys, "ray_kernel": ray_kernel, "verify_whole": verify_whole}

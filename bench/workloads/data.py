@@ -5,6 +5,14 @@ datasets/bench.yaml and pipelines/bench.yaml with absolute prefixes, and room fo
 reused when their parameters match (bench/data/ is gitignored). `linked=True` writes one shard per
 sidecar and hard-links it under every relpath: thousands of (identical, aligned) tiny shards in seconds.
 tasks.demo is imported only to build a case, so a floor script that merely loads one stays plain pyarrow.
+
+`layout` is how the row groups are cut, as the writers users have cut them (every sidecar of a case alike):
+  small    50,000-row groups (what the workloads used before layouts; the default, so their data is reused)
+  pyarrow  pq.write_table's default (1,048,576 rows a group)
+  one      one row group a shard
+  spark    ~128 MiB of compressed parquet a group (Spark's parquet.block.size), rows a group taken from a
+           sample write of the same table; each file is cut by its own size, as Spark writes each dataset on
+           its own (so the small score sidecars are one row group while a large base is several)
 """
 from __future__ import annotations
 
@@ -14,10 +22,14 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 SIDECARS = ("base", "dqm", "aes")
 ROW_GROUP = 50_000
+LAYOUTS = ("small", "pyarrow", "one", "spark")
+SPARK_GROUP_BYTES = 128 * 2**20
+SPARK_SAMPLE_ROWS = 100_000
 LINKS_PER_INODE = 20_000  # ext4 allows 65,000 links per inode
 
 DATASET_YAML = """name: bench
@@ -81,23 +93,51 @@ def write_yamls(root: Path, source_root: str | None = None) -> None:
     (root / "pipelines" / "bench.yaml").write_text(PIPELINE_YAML.format(src=src))
 
 
-def _write(table, path: str, row_group: int) -> None:
+def layout_rows(table, layout: str) -> int | None:
+    """Rows a row group for `layout` (None: pyarrow's default, which write_table applies when given none)."""
+    if layout == "small":
+        return ROW_GROUP
+    if layout == "one":
+        return max(table.num_rows, 1)
+    if layout == "spark":
+        sample = table.slice(0, SPARK_SAMPLE_ROWS)
+        buf = pa.BufferOutputStream()
+        pq.write_table(sample, buf, compression="zstd", row_group_size=max(sample.num_rows, 1))
+        per_row = buf.getvalue().size / max(sample.num_rows, 1)
+        return max(int(SPARK_GROUP_BYTES / per_row), 1)
+    if layout == "pyarrow":
+        return None
+    raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
+
+
+def _write(table, path: str, layout: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    pq.write_table(table, path, compression="zstd", row_group_size=row_group)
+    pq.write_table(table, path, compression="zstd", row_group_size=layout_rows(table, layout))
 
 
-def make_case(root: Path, shards: int, rows: int | list[int], linked: bool = False) -> Case:
-    """Build (or reuse) a case; `rows` is per shard (an int for all shards)."""
+def _same_case(marker: Path, params: dict) -> bool:
+    """The marker names the same case; one written before layouts existed is the small layout."""
+    if not marker.exists():
+        return False
+    old = json.loads(marker.read_text())
+    old.setdefault("layout", "small")
+    return old == params
+
+
+def make_case(root: Path, shards: int, rows: int | list[int], linked: bool = False,
+              layout: str = "small") -> Case:
+    """Build (or reuse) a case; `rows` is per shard (an int for all shards); `layout` cuts the row groups."""
     from tasks.demo import relpaths, shard_tables
 
     root = Path(root)
     per_shard = list(rows) if isinstance(rows, list) else [rows] * shards
     params = {"shards": shards, "rows": per_shard if len(set(per_shard)) > 1 else per_shard[0], "linked": linked,
-              "row_group": ROW_GROUP, "version": 2}
+              "row_group": ROW_GROUP, "version": 2, "layout": layout}
     rels = relpaths(shards)
     case = Case(root, tuple(rels), tuple(per_shard))
     marker = root / "ready.json"
-    if marker.exists() and json.loads(marker.read_text()) == params:
+    if _same_case(marker, params):
+        marker.write_text(json.dumps(params))
         return case
     for name in (*SIDECARS, "out", "templates"):
         shutil.rmtree(root / name, ignore_errors=True)
@@ -110,7 +150,7 @@ def make_case(root: Path, shards: int, rows: int | list[int], linked: bool = Fal
                 for name, table in shard_tables(chunk, per_shard[0]).items():
                     if name in SIDECARS:
                         path = str(root / "templates" / f"{name}-{chunk}.parquet")
-                        _write(table, path, ROW_GROUP)
+                        _write(table, path, layout)
                         templates[chunk][name] = path
             for name in SIDECARS:
                 dest = case.path(name, rel)
@@ -120,7 +160,7 @@ def make_case(root: Path, shards: int, rows: int | list[int], linked: bool = Fal
         for i, rel in enumerate(rels):
             for name, table in shard_tables(i, per_shard[i]).items():
                 if name in SIDECARS:
-                    _write(table, case.path(name, rel), ROW_GROUP)
+                    _write(table, case.path(name, rel), layout)
     write_yamls(root)
     marker.write_text(json.dumps(params))
     return case

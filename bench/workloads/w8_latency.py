@@ -9,9 +9,14 @@ Contenders, each a fresh process, in the same run (rounds alternated; walls are 
 (d) a second `sidecar-ops run` on (c)'s finished output: a resume
 (e) a one-shard `sidecar-ops run` (a dataset of one shard of the same size): the start-up
 (f) (c) with `--task-per-operation`: a task run per operation, the chain (Ray runs each step where it likes)
+(g) `sidecar-ops verify --samples N --all` on (c)'s output (N = every shard: every shard's deep checks)
+(h) a one-shard `sidecar-ops verify --samples 1 --all` on (e)'s output: verify's start-up
+(i) the guide's validation as a minimal script, 8 shards at once (s3_script.py with "verify"): list the four
+    prefixes; read the base, each source and the output once each; compare keys, base columns, merged columns
 Requests are counted by the proxy by kind (LIST, HEAD, GET, PUT, multipart steps) with the bytes GETs return.
 Ratios: requests (c)/(a); wall ((c) - (e)) / (b); the I/O phase (first GET to last PUT at the proxy: the shards'
-own time, without a process's start-up and end) (c) / (b); resume requests per shard beyond the listings.
+own time, without a process's start-up and end) (c) / (b); resume requests per shard beyond the listings;
+verify's requests (g) / (i) and wall ((g) - (h)) / (i).
 (d) and (e) also record which code made each request (bench/workloads/s3trace.py): that table goes to
 DATA/w8-requests.md. Outputs are checked (row counts; (a)'s and (c)'s first shard hold the same table).
 """
@@ -38,7 +43,8 @@ SCRIPT = REPO / "bench" / "workloads" / "s3_script.py"
 SOURCES = (("dqm", "image_key", "dqm_d1_v6_1"), ("aes", "s3_image_path", "ernie_image_aes"))  # as in bench.yaml
 NAMES = {"a": "(a) script, sequential", "b": "(b) script, 8 shards at once", "c": "(c) sidecar-ops run",
          "d": "(d) resume: sidecar-ops run on the finished output", "e": "(e) one-shard sidecar-ops run",
-         "f": "(f) sidecar-ops run --task-per-operation"}
+         "f": "(f) sidecar-ops run --task-per-operation", "g": "(g) sidecar-ops verify --all",
+         "h": "(h) one-shard sidecar-ops verify", "i": "(i) verify script, 8 shards at once"}
 
 
 def run(data: Path, size: dict) -> list[Row]:
@@ -112,8 +118,8 @@ class W8:
         entries = self.log.snapshot()
         return wall, entries, extra
 
-    def script(self, out: str, threads: int) -> tuple[float, dict]:
-        spec = {"bucket": BUCKET, "base": "w8/base/", "output": out, "threads": threads,
+    def script(self, out: str, threads: int, verify: bool = False) -> tuple[float, dict]:
+        spec = {"bucket": BUCKET, "base": "w8/base/", "output": out, "threads": threads, "verify": verify,
                 "sources": [[f"w8/{s}/", key, col] for s, key, col in SOURCES], "relpaths": list(self.case.relpaths)}
         spec_path, report_path = self.tmp / "spec.json", self.tmp / "script-report.json"
         spec_path.write_text(json.dumps(spec))
@@ -121,18 +127,23 @@ class W8:
         proc = subprocess.run([sys.executable, str(SCRIPT), str(spec_path), str(report_path)], env=bench_env(),
                               cwd=REPO, capture_output=True, text=True, timeout=3600)
         wall = time.time() - t0
-        assert proc.returncode == 0, f"s3_script.py ({threads} threads) failed:\n{proc.stderr[-3000:]}"
+        what = "verify" if verify else "merge"
+        assert proc.returncode == 0, f"s3_script.py ({what}, {threads} threads) failed:\n{proc.stderr[-3000:]}"
         report = json.loads(report_path.read_text())
         return wall, report
 
-    def cli(self, pipeline: str, out: str, trace: Path | None = None, *flags: str) -> tuple[float, dict]:
+    def cli(self, pipeline: str, out: str, trace: Path | None = None, *flags: str, command: str = "run"
+            ) -> tuple[float, dict]:
         env = {"PREFECT_HOME": str(self.home)}
         if trace is not None:
             env["SIDECAR_BENCH_S3_TRACE"] = str(trace)
         self.home.mkdir(parents=True, exist_ok=True)
-        rep = probe("cli", "--", "run", pipeline, "--output-prefix", out, *flags, env=env)
-        assert rep["exit_code"] == 0, f"sidecar-ops run: exit {rep['exit_code']}\n{rep['stderr_tail']}"
+        rep = probe("cli", "--", command, pipeline, "--output-prefix", out, *flags, env=env)
+        assert rep["exit_code"] == 0, f"sidecar-ops {command}: exit {rep['exit_code']}\n{rep['stderr_tail']}"
         return rep["t_end"] - rep["t_start"], rep
+
+    def verify(self, pipeline: str, out: str, samples: int) -> tuple[float, dict]:
+        return self.cli(pipeline, out, None, "--samples", str(samples), "--all", command="verify")
 
     # ------------------------------------------------------------------ the run
     def measure(self) -> list[Row]:
@@ -151,13 +162,16 @@ class W8:
                     "c": (self.cli, big, f"s3://{BUCKET}/w8-out/cli-{rep}/"),
                     "d": (self.cli, big, f"s3://{BUCKET}/w8-out/cli-{rep}/", traces["d"]),
                     "e": (self.cli, small, f"s3://{BUCKET}/w8-out/one-{rep}/", traces["e"]),
-                    "f": (self.cli, big, f"s3://{BUCKET}/w8-out/chain-{rep}/", None, "--task-per-operation")}
+                    "f": (self.cli, big, f"s3://{BUCKET}/w8-out/chain-{rep}/", None, "--task-per-operation"),
+                    "g": (self.verify, big, f"s3://{BUCKET}/w8-out/cli-{rep}/", self.n),
+                    "h": (self.verify, small, f"s3://{BUCKET}/w8-out/one-{rep}/", 1),
+                    "i": (self.script, f"w8-out/cli-{rep}/", 8, True)}
             for name, (fn, *args) in runs.items():
                 wall, entries, _ = self.counted(fn, *args)
                 walls[name].append(wall)
                 if name in phases:
                     phases[name].append(io_phase(entries))
-                counts[name] = per_shard(entries, 1 if name == "e" else self.n)  # the last round's counts
+                counts[name] = per_shard(entries, 1 if name in "eh" else self.n)  # the last round's counts
                 entries_of[name] = entries
         last = self.size["repeats"] - 1
         self.check(f"w8-out/script1-{last}/", f"w8-out/cli-{last}/")
@@ -189,6 +203,7 @@ class W8:
         desc = (f"{self.n} shards x {self.case.rows[0]:,} rows, {self.latency:g} ms per request; start -> exit, "
                 f"median of {self.size['repeats']}")
         steady = [c - e for c, e in zip(walls["c"], walls["e"])]
+        verify_steady = [g - h for g, h in zip(walls["g"], walls["h"])]
         req = lambda k: counts[k]["per_shard"]  # noqa: E731
         rows = [
             Row("W8", f"{NAMES['a']}: wall", m["a"], samples=walls["a"], note=desc),
@@ -216,6 +231,7 @@ class W8:
                             goal="<= 0.8" if k == "c" else None,
                             note=f"{kinds_note(counts[k])}; {counts[k]['total']} in all"))
         rows.append(Row("W8", f"{NAMES['e']}: requests", counts["e"]["total"], unit="req", note=kinds_note(counts["e"])))
+        rows += self.verify_rows(m, walls, verify_steady, counts)
         beyond = counts["d"]["beyond_listings"]
         rows.append(Row("W8", "(d) resume: requests per shard beyond the listings", beyond, unit="req",
                         goal="<= 1 req", met=beyond <= 1.0,
@@ -225,6 +241,24 @@ class W8:
                             ref=f"{NAMES['a']}: GET bytes per shard" if k == "c" else None,
                             note=f"inputs: {self.input_bytes() / 2**20:.2f} MiB per shard" if k == "a" else ""))
         return rows
+
+    def verify_rows(self, m: dict, walls: dict, steady: list[float], counts: dict) -> list[Row]:
+        """(g) verify against (i) the 8-thread validation script: requests a shard and wall minus start-up."""
+        script_wall, script_req = f"{NAMES['i']}: wall", f"{NAMES['i']}: requests per shard"
+        return [
+            Row("W8", script_wall, m["i"], samples=walls["i"], note="the guide's validation, whole tables"),
+            Row("W8", f"{NAMES['g']}: wall", m["g"], samples=walls["g"], ref=script_wall,
+                note=f"--samples {self.n} --all: every shard's deep checks"),
+            Row("W8", f"{NAMES['h']}: wall (start-up)", m["h"], samples=walls["h"],
+                note=f"1 shard x {self.one.rows[0]:,} rows, --samples 1 --all"),
+            Row("W8", "(g) - (h): verify wall minus start-up", median(steady), samples=steady, ref=script_wall,
+                goal="<= 1.0", note="per round, then the median"),
+            Row("W8", script_req, counts["i"]["per_shard"], unit="req",
+                note=f"{kinds_note(counts['i'])}; {counts['i']['total']} in all"),
+            Row("W8", f"{NAMES['g']}: requests per shard", counts["g"]["per_shard"], unit="req", ref=script_req,
+                goal="<= 1.0", note=f"{kinds_note(counts['g'])}; {counts['g']['total']} in all"),
+            Row("W8", f"{NAMES['h']}: requests", counts["h"]["total"], unit="req", note=kinds_note(counts["h"])),
+        ]
 
     def input_bytes(self) -> float:
         return sum(self.case.bytes_on_disk(s) for s in SIDECARS) / self.n

@@ -1,17 +1,24 @@
-"""W9 memory against rows per shard (issue 19, deliverable 4): peak RSS of one shard at several sizes (full: 0.5M,
-1M, 1.5M, 2M rows), three contenders, each a fresh process:
+"""W9 memory against rows per shard, on the row-group layouts users have (issue 19, deliverable 4; issue 27,
+deliverable 3): peak RSS of one shard at several sizes (full: 0.5M, 1M, 1.5M, 2M, 4M rows) and layouts
+(bench/workloads/data.py: `pyarrow` default row groups of 1,048,576 rows, `one` row group a shard, `spark`
+~128 MiB row groups), each contender a fresh process:
 
-(a) the whole-table script (contenders.floor_keys: read the base without its image column and each source's key
-    and score columns whole, check the keys, append, write zstd parquet)
-(b) a one-shard `sidecar-ops run` (its default layout; thread runner, warm PREFECT_HOME): the shard in one task,
-    streamed a row group at a time; the peak RSS of the process that runs the shard task, which is what a Ray
-    task's `--task-memory-gb` must cover plus the driver's own baseline
-(c) the same with `--task-per-operation` (a chain of tasks), which hands the whole table from step to step
+(a) the whole-table script (contenders.floor_keys: read the base and each source's key and score columns
+    whole, check the keys, append, write zstd parquet)
+(b) a one-shard `sidecar-ops run` (its default layout; thread runner, warm PREFECT_HOME): the shard in one
+    task, streamed; the peak RSS of the process that runs the shard task, which is what a Ray task's
+    `--task-memory-gb` must cover plus the driver's own baseline
+(c) the same with `--task-per-operation` (a chain of tasks), which hands the whole table from step to step;
+    at the pyarrow layout only (the whole-table path: it is not meant to meet the goal)
+(d) `sidecar-ops verify --samples 1 --all` on (b)'s output
+(e) the whole-table verify script (contenders.verify_whole, the guide's validation: read the output, the base
+    and each source whole; compare keys, base columns and merged columns) on (b)'s output: verify's floor
 
-Peaks are VmHWM of the process image (bench/workloads/common.py:maxrss_mb). Ratios: (b)/(a) and (c)/(a) at each
-size (goal for (b) <= 0.5, at 1.5M rows in the issue) and each contender's growth from the second size to the
-largest, 2x the rows (goal for
-(b) <= 1.2x). Outputs are checked for their row counts. Memory does not depend on timing: one round.
+Peaks are VmHWM of the process image (bench/workloads/common.py:maxrss_mb). Ratios: each contender / (a) at
+each layout and size (goals for (b) and (d) <= 0.5 at `w9_goal_rows` (1.5M in the issue) for the pyarrow and
+one layouts) and each contender's growth over `w9_growth` (1M -> 4M rows; goal for (b) and (d) <= 1.2x at
+every layout). Outputs are checked for their row counts; verify must pass. Memory does not depend on timing:
+one round.
 """
 from __future__ import annotations
 
@@ -23,41 +30,92 @@ from bench.workloads.w0_fixed import cli_home
 
 SCRIPT, RUN, CHAIN = ("(a) whole-table script", "(b) one-shard sidecar-ops run",
                       "(c) one-shard sidecar-ops run --task-per-operation")
+VERIFY, VERIFY_SCRIPT = "(d) sidecar-ops verify --samples 1 --all", "(e) whole-table verify script"
+CONTENDERS = (SCRIPT, RUN, CHAIN, VERIFY, VERIFY_SCRIPT)
+LAYOUTS = ("pyarrow", "one", "spark")
+CHAIN_LAYOUTS = ("pyarrow",)
+GOAL_LAYOUTS = ("pyarrow", "one")  # the issue's memory goal at w9_goal_rows; growth is asked of every layout
+BOUNDED = (RUN, VERIFY)  # the contenders the goals are for
 
 
-def peak_script(case, out: str) -> float:
-    rep = probe("contender", "floor_keys", str(case.root), out)
+def peak_script(case, name: str, out: str) -> float:
+    rep = probe("contender", name, str(case.root), out)
     assert rep["returncode"] == 0, rep["stderr_tail"]
     return rep["maxrss_mb"]
 
 
-def peak_run(case, out: str, home: Path, *flags: str) -> float:
+def peak_cli(home: Path, command: str, case, out: str, *flags: str) -> float:
     home.mkdir(parents=True, exist_ok=True)
-    rep = probe("cli", "--", "run", case.pipeline, "--output-prefix", out, *flags, env={"PREFECT_HOME": str(home)})
-    assert rep["exit_code"] == 0, f"sidecar-ops run: exit {rep['exit_code']}\n{rep['stderr_tail']}"
+    rep = probe("cli", "--", command, case.pipeline, "--output-prefix", out, *flags,
+                env={"PREFECT_HOME": str(home)})
+    assert rep["exit_code"] == 0, f"sidecar-ops {command}: exit {rep['exit_code']}\n{rep['stderr_tail']}"
     return rep["maxrss_mb"]
+
+
+def measure(case, home: Path, chain: bool) -> dict[str, float]:
+    """Peak RSS of each contender on `case` (one shard); verify (d) and (e) check (b)'s output."""
+    peaks = {}
+    script_out, merged = case.output("script"), case.output("fused")
+    peaks[SCRIPT] = peak_script(case, "floor_keys", script_out)
+    check_rows(case, script_out, SCRIPT)
+    peaks[RUN] = peak_cli(home, "run", case, merged)
+    check_rows(case, merged, RUN)
+    peaks[VERIFY] = peak_cli(home, "verify", case, merged, "--samples", "1", "--all")
+    peaks[VERIFY_SCRIPT] = peak_script(case, "verify_whole", merged)
+    if chain:
+        chained = case.output("chain")
+        peaks[CHAIN] = peak_cli(home, "run", case, chained, "--task-per-operation")
+        check_rows(case, chained, CHAIN)
+    return peaks
+
+
+def label(name: str, layout: str, n: int) -> str:
+    return f"{name} @ {layout}, {n:,} rows: peak RSS"
+
+
+def growth_label(name: str, layout: str, low: int, high: int) -> str:
+    return f"{name} @ {layout}: peak RSS growth, {low:,} -> {high:,} rows"
+
+
+def groups_note(case) -> str:
+    import pyarrow.parquet as pq
+
+    def groups(sidecar: str) -> str:
+        md = pq.ParquetFile(case.path(sidecar, case.relpaths[0])).metadata
+        return "/".join(f"{md.row_group(i).num_rows:,}" for i in range(md.num_row_groups))
+
+    mib = case.bytes_on_disk() / 2**20
+    return f"base row groups {groups('base')}, dqm {groups('dqm')}, {mib:.0f} MiB base"
+
+
+def layout_rows(layout: str, peaks: dict, notes: dict, size: dict) -> list[Row]:
+    rows = []
+    for n in size["w9_rows"]:
+        ref = label(SCRIPT, layout, n)
+        rows.append(Row("W9", ref, peaks[n][SCRIPT], unit="MiB", note=f"1 shard x {n:,} rows; {notes[n]}"))
+        for name in CONTENDERS[1:]:
+            if name not in peaks[n]:
+                continue
+            goal_row = name in BOUNDED and layout in GOAL_LAYOUTS and n == size["w9_goal_rows"]
+            goal = "<= 0.5" if goal_row else None
+            rows.append(Row("W9", label(name, layout, n), peaks[n][name], unit="MiB", ref=ref, goal=goal))
+    low, high = size["w9_growth"]
+    for name in CONTENDERS:
+        if name in peaks[high]:
+            rows.append(Row("W9", growth_label(name, layout, low, high), peaks[high][name], unit="MiB",
+                            ref=label(name, layout, low), goal="<= 1.2" if name in BOUNDED else None,
+                            note=f"{high / low:.1f}x the rows"))
+    return rows
 
 
 def run(data: Path, size: dict) -> list[Row]:
     home = cli_home(data)
     rows: list[Row] = []
-    peaks: dict[tuple[str, int], float] = {}
-    for n in size["w9_rows"]:
-        case = make_case(data / f"w9-{n}", 1, n)
-        note = f"1 shard x {n:,} rows, {case.bytes_on_disk() / 2**20:.0f} MiB base"
-        for name, measure in ((SCRIPT, lambda out: peak_script(case, out)),
-                              (RUN, lambda out: peak_run(case, out, home)),
-                              (CHAIN, lambda out: peak_run(case, out, home, "--task-per-operation"))):
-            out = case.output({SCRIPT: "script", RUN: "fused", CHAIN: "chain"}[name])
-            peaks[name, n] = measure(out)
-            check_rows(case, out, name)
-        rows.append(Row("W9", f"{SCRIPT} @ {n:,} rows: peak RSS", peaks[SCRIPT, n], unit="MiB", note=note))
-        for name, goal in ((RUN, "<= 0.5"), (CHAIN, None)):
-            rows.append(Row("W9", f"{name} @ {n:,} rows: peak RSS", peaks[name, n], unit="MiB",
-                            ref=f"{SCRIPT} @ {n:,} rows: peak RSS", goal=goal))
-    middle, largest = size["w9_rows"][1], size["w9_rows"][-1]  # 1x and 2x the rows
-    for name, goal in ((SCRIPT, None), (RUN, "<= 1.2"), (CHAIN, None)):
-        rows.append(Row("W9", f"{name}: peak RSS growth, {middle:,} -> {largest:,} rows", peaks[name, largest],
-                        unit="MiB", ref=f"{name} @ {middle:,} rows: peak RSS", goal=goal,
-                        note=f"{largest / middle:.1f}x the rows"))
+    for layout in size.get("w9_layouts", LAYOUTS):
+        peaks, notes = {}, {}
+        for n in size["w9_rows"]:
+            case = make_case(data / f"w9-{layout}-{n}", 1, n, layout=layout)
+            notes[n] = groups_note(case)
+            peaks[n] = measure(case, home, chain=layout in CHAIN_LAYOUTS)
+        rows += layout_rows(layout, peaks, notes, size)
     return rows
