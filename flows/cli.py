@@ -43,6 +43,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    "from the pipeline's folder)")
     p.add_argument("--samples", type=int, default=None, help="shards whose footers (dry run) or data (verify) "
                    "are sampled")
+    p.add_argument("--window-mib", type=float, default=None, help="memory budget of a shard task: decoded MiB of "
+                   "a window of rows read, merged (or compared) and written at a time; a merge writes each window as "
+                   "one row group (default 64)")
     p.add_argument("--debug", action="store_true", help="tracebacks and full Prefect/Ray logs")
     p.add_argument("--keep-run-history", action="store_true", help="when the run starts its own Prefect server, "
                    "keep its records in $PREFECT_HOME/prefect.db (grows with every run) instead of a database "
@@ -83,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
     layout = run.add_mutually_exclusive_group()
     layout.add_argument("--fuse-operations", dest="fuse_operations", action="store_true", default=True,
                         help="one task per shard for all its operations, the write and its check, streaming the "
-                        "shard a row group at a time (default)")
+                        "shard a window at a time (--window-mib; default)")
     layout.add_argument("--task-per-operation", dest="fuse_operations", action="store_false",
                         help="a chain of one task per operation, the last writing and checking: each step shows in "
                         "the UI, but the whole shard is held in memory and handed from step to step")
@@ -112,13 +115,13 @@ def run_config(args, command: str):
         return RunConfig.load(args.pipeline, args.output_prefix, args.datasets_dir, runner=runner,
                               max_inflight=args.max_inflight or DEFAULT_VERIFY_INFLIGHT,
                               samples=DEFAULT_SAMPLES if args.samples is None else args.samples,
-                              all_shards=args.all, seed=args.seed)
+                              all_shards=args.all, seed=args.seed, window_mib=args.window_mib)
     config = RunConfig.load(args.pipeline, args.output_prefix, args.datasets_dir, writes=True,
                             runner=runner, max_inflight=args.max_inflight or DEFAULT_MAX_INFLIGHT,
                             overwrite=args.overwrite, fail_fast=args.fail_fast, retries=args.retries,
                             fuse_operations=args.fuse_operations, overwrite_before=args.overwrite_before,
                             continue_overwrite=args.continue_overwrite,
-                            grace_seconds=grace_seconds(args.grace_seconds))
+                            grace_seconds=grace_seconds(args.grace_seconds), window_mib=args.window_mib)
     if config.new_output:
         print(f"NOTE: no --output-prefix given; writing to a NEW prefix {config.output_prefix}\n"
               f"      (sidecar_prefix in the YAML is {config.pipeline.dataset.sidecar_prefix}; pass --output-prefix "

@@ -137,7 +137,7 @@ def run_verify(config: RunConfig, keep_history: bool = False, json_path: str | N
 
 
 COMMON_PARAMETERS = ("pipeline", "output_prefix", "datasets_dir", "use_ray", "ray_address", "task_cpus",
-                     "task_memory_gb", "max_inflight", "debug")
+                     "task_memory_gb", "max_inflight", "debug", "window_mib")
 MERGE_PARAMETERS = (*COMMON_PARAMETERS, "overwrite", "overwrite_before", "fail_fast", "retries", "fuse_operations",
                     "grace_seconds", "continue_overwrite")
 VERIFY_PARAMETERS = (*COMMON_PARAMETERS, "samples", "all_shards", "seed")

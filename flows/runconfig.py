@@ -6,6 +6,7 @@ same values behave alike. Nothing below reads the environment for these choices.
 """
 from __future__ import annotations
 
+import math
 import os
 import uuid
 from dataclasses import dataclass, field, replace
@@ -20,6 +21,7 @@ DEFAULT_MAX_INFLIGHT = 32        # merge: shard chains in flight at once
 DEFAULT_VERIFY_INFLIGHT = 8      # verify: each deep check holds a base, an output and a source table
 DEFAULT_SAMPLES = 50             # verify: shards compared value by value
 DEFAULT_RETRIES = 1
+MAX_WINDOW_MIB = 65536           # a window is one row group of the output: 64 GiB is past any sane budget
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class RunConfig:
     grace_seconds: float = DEFAULT_GRACE  # after a first SIGINT/SIGTERM, for shards in flight
     retries: int = DEFAULT_RETRIES
     fuse_operations: bool = True     # one task per shard (streamed); False: a chain of one task per operation
+    window_mib: float | None = None  # a shard task's window budget in MiB (None: tasks.windows.WINDOW_BYTES)
     # verify
     samples: int = DEFAULT_SAMPLES
     all_shards: bool = False
@@ -86,7 +89,15 @@ class RunConfig:
             if getattr(config, name) < least:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be {least} or more, got {getattr(config, name)}")
+        mib = config.window_mib
+        if mib is not None and not (isinstance(mib, (int, float)) and math.isfinite(mib) and 1 <= mib <= MAX_WINDOW_MIB):
+            raise ConfigError(f"--window-mib must be a number of MiB from 1 to {MAX_WINDOW_MIB}, got {mib}")
         return config
+
+    @property
+    def window_bytes(self) -> dict[str, int]:
+        """The Job field of the window budget (none: the kernel's default)."""
+        return {} if self.window_mib is None else {"window_bytes": int(self.window_mib * 2**20)}
 
     def flow_parameters(self, *names: str) -> dict:
         """The flow run parameters that rebuild this config (the ones a deployment passes)."""
@@ -98,7 +109,7 @@ class RunConfig:
                   "continue_overwrite": self.continue_overwrite,
                   "fail_fast": self.fail_fast, "grace_seconds": self.grace_seconds,
                   "retries": self.retries, "fuse_operations": self.fuse_operations, "samples": self.samples,
-                  "all_shards": self.all_shards, "seed": self.seed}
+                  "all_shards": self.all_shards, "seed": self.seed, "window_mib": self.window_mib}
         return {name: values[name] for name in names}
 
 

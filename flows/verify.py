@@ -62,18 +62,19 @@ def scheduled_checks(runner, max_inflight: int, stop: Stop):
 def verify_flow(pipeline: str, output_prefix: str, samples: int = DEFAULT_SAMPLES, all_shards: bool = False,
                 seed: int = 0, datasets_dir: str | None = None, use_ray: bool = False,
                 ray_address: str | None = None, max_inflight: int = DEFAULT_VERIFY_INFLIGHT,
-                task_cpus: float | None = None, task_memory_gb: float | None = None, debug: bool = False) -> dict:
+                task_cpus: float | None = None, task_memory_gb: float | None = None, debug: bool = False,
+                window_mib: float | None = None) -> dict:
     """Verify the all-in-one sidecar at `output_prefix` against PIPELINE; publishes a checks table artifact
     ('verify-checks') and a statistics markdown artifact ('verify-statistics'); fails when any check fails."""
     runner = RunnerChoice(use_ray, ray_address, task_cpus, task_memory_gb, debug=debug)
     config = RunConfig.load(pipeline, output_prefix, datasets_dir, runner=runner, max_inflight=max_inflight,
-                            samples=samples, all_shards=all_shards, seed=seed)
+                            samples=samples, all_shards=all_shards, seed=seed, window_mib=window_mib)
     return check(config)
 
 
 def check(config: RunConfig) -> dict:
     """The body of a verify flow run: the report, as a dict, and its two artifacts."""
-    job = Job(config.pipeline, config.output_prefix)
+    job = Job(config.pipeline, config.output_prefix, **config.window_bytes)
     stop = Stop()
     try:
         with handling(stop, grace=0.0), make_runner(config.runner, PREFECT_API_URL.value()) as runner:

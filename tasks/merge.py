@@ -3,8 +3,9 @@
 A shard goes read_base -> apply_step(0) -> apply_step(1) ... -> write_output, which ends with the post-write
 check (verify_output) of what it stored: the task per operation, a `ShardState` (the table, the base's keys as
 read, provenance records) handed from step to step. A shard in one call (merge_shard, the fused task) streams
-instead: open_shard checks and records every step from footers, stream_output takes a window of rows (the
-base's row group) at a time through every step into the output's writer, then runs the same check.
+instead: open_shard checks and records every step from footers, stream_output takes a window of rows (as many
+as the job's window budget holds, tasks/windows.py) at a time through every step into the output's writer, then
+runs the same check.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from itertools import chain
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
@@ -27,7 +29,7 @@ from tasks.errors import ShardError
 from tasks.ops import History, Status, provenance_record
 from tasks.ops.base import StepStream
 from tasks.parquet_errors import unreadable_parquet
-from tasks.windows import RowWindows, batches
+from tasks.windows import PROBE_ROWS, WINDOW_BYTES, RowWindows, batches, parquet_file, window_rows
 
 PROVENANCE_KEY = b"sidecar_ops"
 # Bump whenever the kernel's output for the same inputs and pipeline would change (column order, types, encoding
@@ -62,6 +64,7 @@ class Job:
     overwrite_before: str = ""  # with overwrite, by hand: outputs of runs started at or after it are kept too
     fetch_ahead: bool = True  # the shard's first step fetches every input at once (its later steps run in the
                               # same process: one thread pool, or one fused task)
+    window_bytes: int = WINDOW_BYTES  # the streaming merge's budget: decoded bytes of a window of merged rows
 
     def kept_by_overwrite(self, prov: dict) -> bool:
         """Whether an existing output (its provenance) counts as done in an overwrite run: written by this
@@ -274,7 +277,7 @@ class OpenShard:
 
     base: RowWindows
     base_input: str
-    row_group_size: int | None
+    natural_rows: int  # the base's largest row group (0 when empty): windows follow it when it fits the budget
     steps: list[StepStream]
     records: list[dict]
 
@@ -306,8 +309,9 @@ def open_shard(job: Job, relpath: str, stack: ExitStack) -> OpenShard:
     try:
         f = stack.enter_context(storage.open_parquet(uri))
         identity = storage.file_identity(uri, f)
-        pf = pq.ParquetFile(f)
-        window = row_group_rows(pf)  # the output's row group: a window of rows at a time
+        pf = parquet_file(f)
+        natural = row_group_rows(pf)
+        window = natural or PROBE_ROWS  # sets the readers' batch size; stream_output sizes the windows
         base = RowWindows(pf, [n for n in pf.schema_arrow.names if n != image], window)
     except Exception as exc:  # corrupt, vanished or unreadable: say which shard
         raise _fail(relpath, f"reading base shard {uri}", exc) from exc
@@ -324,30 +328,41 @@ def open_shard(job: Job, relpath: str, stack: ExitStack) -> OpenShard:
         steps.append(step)
         records.append(provenance_record(op, step.step))
         schema = step.schema
-    return OpenShard(base, identity, window or None, steps, records)
+    return OpenShard(base, identity, natural, steps, records)
 
 
 def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
-    """Read, merge and write the shard a window (the output's row group) at a time, then check what was stored
-    (verify_output) against the base's keys as read. The output is published only once every window has
-    passed every step; after a failed window the rest are still read, so the error counts every bad row."""
+    """Read, merge and write the shard a window at a time, each window one row group of the output, then check
+    what was stored (verify_output) against the base's keys as read. The first PROBE_ROWS rows are merged first
+    and measured: the window holds the base's row group if that fits in job.window_bytes, else as many rows as
+    fit. The output is published only once every window has passed every step; after a failed window the rest
+    are still read, so the error counts every bad row."""
     uri, key = job.output_uri(relpath), job.pipeline.dataset.key_column
     skipped = skipped_steps(shard.records)
     base_keys: list[pa.Array] = []
-    size = shard.row_group_size or shard.rows
+
+    def merged(rows: int, offset: int) -> pa.Table:
+        """The base's next `rows` rows (from row `offset`) through every step."""
+        try:
+            read = shard.base.take(rows)
+        except Exception as exc:
+            raise _fail(relpath, f"reading base shard {job.base_uri(relpath)}", exc) from exc
+        window = read
+        for index, step in enumerate(shard.steps):
+            window = _step(job, relpath, index, lambda: step.apply(window, offset))
+        if key in read.column_names and read.num_rows:  # a compact copy: the reader's buffers are larger
+            base_keys.append(pa.concat_arrays(read[key].chunks))
+        return window
 
     def windows() -> Iterator[pa.Table]:
+        first = merged(min(PROBE_ROWS, shard.natural_rows or PROBE_ROWS, shard.rows), 0)  # never over a window
+        size = window_rows(shard.natural_rows, first.nbytes / max(first.num_rows, 1), job.window_bytes)
+        end = min(size, shard.rows)
+        if end > first.num_rows:  # the probe's rows begin the first window
+            first = pa.concat_tables([first, merged(end - first.num_rows, first.num_rows)])
+        rest = (merged(min(size, shard.rows - start), start) for start in range(end, shard.rows, size))
         meta = None
-        for offset in range(0, shard.rows, size) if shard.rows else [0]:
-            try:
-                window = shard.base.take(size)
-            except Exception as exc:
-                raise _fail(relpath, f"reading base shard {job.base_uri(relpath)}", exc) from exc
-            read = window
-            for index, step in enumerate(shard.steps):
-                window = _step(job, relpath, index, lambda: step.apply(window, offset))
-            if key in read.column_names and read.num_rows:  # a compact copy: the reader's buffers are larger
-                base_keys.append(pa.concat_arrays(read[key].chunks))
+        for window in chain([first], rest):
             if any(step.failed for step in shard.steps):
                 continue
             if meta is None:
@@ -359,7 +374,7 @@ def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
             _step(job, relpath, index, step.finish)
 
     try:
-        written = storage.write_windows(windows(), uri, shard.row_group_size, job.key_columns)
+        written = storage.write_windows(windows(), uri, None, job.key_columns)
     except Exception as exc:
         raise _fail(relpath, f"writing {uri}", exc) from exc
     keys = pa.chunked_array(base_keys, shard.base.schema.field(key).type) if key in shard.base.schema.names else None

@@ -1,12 +1,17 @@
-"""A parquet file's rows as consecutive windows of any size, whatever its row groups.
+"""A parquet file's rows as consecutive windows of any size, whatever its row groups, and how big a window is.
 
 The streaming merge reads the base and every sibling in lockstep, `take(n)` rows at a time; their row groups
 need not line up, so each reader keeps only the rows not yet taken. A row group that fits in the rows still wanted
 is read whole (one call, one chunk a column: the common case, windows following the base's row groups); a larger
 one is decoded in batches as it goes. Either way pyarrow is asked for one row group at a time: it pre-buffers
 (reads ahead, in as few requests as it can) every row group it is asked for at once, which for the whole file
-would hold all its column chunks. Memory holds about a window, a batch being decoded and one row group's column
-chunks, never the file.
+would hold all its column chunks. A local file is read through small buffers (`parquet_file`), so not even one
+row group's column chunks are held whole; a remote one a column chunk per request (a request costs a round trip).
+
+A window's size comes from a budget, not from the writer's row groups (`window_rows`): the base's row groups when
+the largest fits in it (windows, and so the output's row groups, then follow the base's), else as many rows as
+fit, measured on the merged first rows. Memory holds about a window, a batch being decoded and the reads'
+buffers, never a row group of any size, never the file.
 """
 from __future__ import annotations
 
@@ -16,6 +21,26 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 BATCH_ROWS = 16_384  # rows pyarrow decodes at once (a window is made of such batches)
+WINDOW_BYTES = 64 << 20  # default budget: decoded (Arrow) bytes of a window of merged rows, an output row group
+MAX_WINDOW_ROWS = 1 << 20  # pyarrow's own largest row group
+PROBE_ROWS = 4096  # the first rows, merged to measure a row's bytes; they begin the first window
+READ_BUFFER = 256 << 10  # a local column chunk is read through a buffer of this size, not whole
+
+
+def parquet_file(f) -> pq.ParquetFile:
+    """A ParquetFile that reads a local file (a pyarrow NativeFile) through small buffers, a page at a time, and
+    anything else (an S3 object, one fetched into memory) a row group's column chunks at once, in as few reads as
+    pyarrow can (pre-buffered: a request costs a round trip)."""
+    if isinstance(f, pa.NativeFile):
+        return pq.ParquetFile(f, buffer_size=READ_BUFFER, pre_buffer=False)
+    return pq.ParquetFile(f)
+
+
+def window_rows(natural: int, row_bytes: float, budget: int = WINDOW_BYTES) -> int:
+    """Rows a window holds: `natural` (the base's largest row group) when it fits in `budget` bytes at `row_bytes`
+    a row, else as many rows as fit (at least PROBE_ROWS, at most MAX_WINDOW_ROWS)."""
+    fit = max(PROBE_ROWS, min(int(budget // max(row_bytes, 1.0)), MAX_WINDOW_ROWS))
+    return natural if 0 < natural <= fit else fit
 
 
 def batches(pf: pq.ParquetFile, columns: list[str], batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,13 +17,15 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from unittest.mock import patch
 
 from tasks import storage
 from tasks.config import Dataset, Pipeline
 from tasks.errors import ShardError
 from tasks.merge import PER_RUN_FIELDS, Job, apply_step, merge_shard, read_base, read_provenance, write_output
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
-from tasks.windows import RowWindows
+from tasks import merge, windows
+from tasks.windows import WINDOW_BYTES, RowWindows
 from test_property_merge import PERTURBATIONS, perturb
 
 REL = "a/part-0.parquet"
@@ -110,6 +113,50 @@ def test_streamed_equals_whole_across_window_boundaries(case):
             assert (meta_keys, row_groups, prov) == expected[2:]
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shards(), st.integers(1, 6), st.integers(1, 40))
+def test_windows_sized_by_the_budget_cut_any_row_groups_and_change_nothing_but_the_output_row_groups(
+        case, probe, budget_rows):
+    """Windows sized by the byte budget, not by the base's row groups, cut through the row groups of the base and
+    of each sibling anywhere: the same outcome as the whole-table merge (every bad row counted and named by its
+    row within the shard, nothing published) or the same rows, types, values and provenance; the output's row
+    groups are the windows: the first `size` rows each, the last the rest."""
+    base, dqm, aes, groups = case
+    with tempfile.TemporaryDirectory() as tmp:
+        root = storage.normalize_prefix(tmp)
+        for name, table, group in (("base", base, groups[0]), ("dqm", dqm, groups[1]),
+                                   ("aes", aes, groups[2])):
+            write(table, f"{root}{name}/{REL}", group)
+        seen = []
+        real_window_rows = merge.window_rows
+
+        def measured(natural, row_bytes, budget):
+            seen.append((real_window_rows(natural, row_bytes, budget), row_bytes))
+            return seen[-1][0]
+
+        streamed_job = replace(job_for(root, "streamed"), window_bytes=budget_rows * 40)  # ~40 bytes a row
+        with patch.object(windows, "PROBE_ROWS", probe), patch.object(merge, "PROBE_ROWS", probe), \
+                patch.object(merge, "window_rows", measured):
+            streamed = outcome(merge_shard, streamed_job, REL)
+        expected = outcome(whole, job_for(root, "whole"), REL)
+        assert streamed[0] == expected[0], (streamed[:2], expected[:2])
+        if streamed[0] == "failed":
+            if "key mismatch" in streamed[1] or step_of(streamed[1]) == step_of(expected[1]):
+                assert streamed[1] == expected[1]
+            else:
+                assert step_of(expected[1]) < step_of(streamed[1]), (streamed[1], expected[1])
+            assert not storage.list_prefix(f"{root}streamed/").shards
+        else:
+            _, table, meta_keys, row_groups, prov = streamed
+            assert table.equals(expected[1]) and table.schema.equals(expected[1].schema)
+            assert (meta_keys, prov) == (expected[2], expected[4])
+            n, [(size, row_bytes)] = base.num_rows, seen
+            assert row_groups == ([size] * (n // size) + ([n % size] if n % size else []) if n else [0])
+            fit = max(probe, int(streamed_job.window_bytes // row_bytes))  # the budget's rows, or the floor
+            natural = max(groups[0], 1) if n else 0
+            assert size == (natural if 0 < natural <= fit else fit), (size, natural, fit)
+
+
 @pytest.mark.parametrize("windows", [[4, 4, 4, 4, 4], [2, 3, 9, 6], [1, 19], [20], [7, 13]])
 def test_row_windows_give_the_file_in_order_whatever_its_row_groups(tmp_path, windows):
     """Row groups of 3, 0 (an empty one), 5, 1 and 11 rows taken in windows that split them, join them or match
@@ -189,32 +236,35 @@ def test_a_streamed_s3_output_goes_up_in_parts_while_its_windows_are_merged(s3_r
 
 # ----------------------------------------------------------------- memory bounded by a window
 
-def peak_of(mode: str, root: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, mode, root], capture_output=True, text=True, timeout=300,
+def peak_of(mode: str, root: str, window_bytes: int = WINDOW_BYTES) -> dict:
+    out = subprocess.run([sys.executable, __file__, mode, root, str(window_bytes)], capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).parent.parent)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_a_streamed_shard_holds_a_window_not_the_shard(tmp_path):
-    """Peak arrow memory (the allocator's own high-water mark, in a fresh process each) of one shard of 400,000
-    rows in row groups of 10,000 (the siblings' of 7,000 and 64,000): the streamed merge stays under half the
-    whole-table merge's, and both write the same rows."""
+@pytest.mark.parametrize("n, groups, budget", [(400_000, (10_000, 7_000, 64_000), WINDOW_BYTES),
+                                               (1_000_000, (1_000_000,) * 3, 4 << 20)],
+                         ids=["small-row-groups", "one-row-group"])
+def test_a_streamed_shard_holds_a_window_not_the_shard(tmp_path, n, groups, budget):
+    """Peak arrow memory (the allocator's own high-water mark, in a fresh process each) of one shard: 400,000
+    rows in row groups of 10,000 (the siblings' of 7,000 and 64,000) with the default budget, or 1,000,000 rows in
+    one row group each (what pyarrow's defaults write for a shard of up to 1Mi rows) with a budget of a 20th of
+    the shard: the streamed merge stays under half the whole-table merge's, and both write the same rows."""
     root = storage.normalize_prefix(str(tmp_path))
-    n = 400_000
     keys = [f"image-{i:09d}" for i in range(n)]
     paths = [f"s3://bucket/images/{k}.jpg" for k in keys]
     write(pa.table({"key": keys, "path": paths, "size": list(range(n)), "w": [0.5] * n}), f"{root}base/{REL}",
-          10_000)
-    write(pa.table({"key": keys, "dqm": [float(i) for i in range(n)]}), f"{root}dqm/{REL}", 7_000)
-    write(pa.table({"path": paths, "aes": list(range(n))}), f"{root}aes/{REL}", 64_000)
-    streamed, held = peak_of("streamed", root), peak_of("whole", root)
+          groups[0])
+    write(pa.table({"key": keys, "dqm": [float(i) for i in range(n)]}), f"{root}dqm/{REL}", groups[1])
+    write(pa.table({"path": paths, "aes": list(range(n))}), f"{root}aes/{REL}", groups[2])
+    streamed, held = peak_of("streamed", root, budget), peak_of("whole", root)
     assert streamed["rows"] == held["rows"] == n
     assert streamed["peak"] < 0.5 * held["peak"], (streamed, held)
     print(f"peak arrow memory: streamed {streamed['peak'] / 2**20:.1f} MiB, whole {held['peak'] / 2**20:.1f} MiB")
 
 
 if __name__ == "__main__":  # one merge in this fresh process: its peak arrow memory on stdout
-    mode, root = sys.argv[1:]
-    stats = (merge_shard if mode == "streamed" else whole)(job_for(root, mode), REL)
+    mode, root, budget = sys.argv[1:]
+    stats = (merge_shard if mode == "streamed" else whole)(replace(job_for(root, mode), window_bytes=int(budget)), REL)
     print(json.dumps({"rows": stats.rows, "peak": pa.default_memory_pool().max_memory()}))

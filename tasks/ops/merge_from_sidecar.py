@@ -22,7 +22,7 @@ from tasks.ops.base import (ABSENT, ColumnList, FieldProblem, Findings, Input, O
 from tasks.ops.lineage import History, Status, Step, appended, legacy_lists, replaced
 from tasks.parquet_errors import unreadable_parquet
 from tasks.validation import Says
-from tasks.windows import RowWindows
+from tasks.windows import RowWindows, parquet_file
 
 MODES = ("fill_missing", "prefer_sidecar", "error")
 KEY = ("Set it and {other} together, only when the score sidecar is aligned by a key other than the dataset's "
@@ -178,7 +178,7 @@ class MergeFromSidecar(Operation):
             try:
                 with _readable(uri):
                     identity = storage.file_identity(uri, f)
-                    pf = pq.ParquetFile(f)
+                    pf = parquet_file(f)
             except BaseException:
                 f.close()
                 raise
