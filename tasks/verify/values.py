@@ -94,9 +94,7 @@ class Streams:
             reader = self.readers.get(key) or self._reader(uri, columns)
             if isinstance(reader, BaseException):
                 raise reader
-            while self.taken.get(key, 0) < offset:  # a reader first asked for after the first window
-                skip = min(offset - self.taken.get(key, 0), self.window_rows)
-                self.taken[key] = self.taken.get(key, 0) + reader.take(skip).num_rows
+            self._skip(key, reader, offset)
             window = reader.take(n)
             self.taken[key] = offset + n
             return window
@@ -104,6 +102,14 @@ class Streams:
             self.readers[key] = exc
             self.broken = self.broken or offset > 0
             raise
+
+    def _skip(self, key: tuple, reader: RowWindows, offset: int) -> None:
+        """A reader first asked for after the first window starts at its rows too."""
+        while self.taken.get(key, 0) < offset:
+            skipped = reader.take(min(offset - self.taken.get(key, 0), self.window_rows)).num_rows
+            if not skipped:
+                break
+            self.taken[key] = self.taken.get(key, 0) + skipped
 
     def _reader(self, uri: str, columns: list[str]) -> RowWindows:
         pf = self.open(uri)
@@ -235,30 +241,32 @@ def prefetch(job: Job, task: ShardTask, columns: list[str] | None) -> list[str]:
     return [uri for uri, _ in reads]
 
 
-def check_shard(job: Job, task: ShardTask, specs: tuple[StatSpec, ...]) -> ShardResult:
-    """Deep checks and/or statistics for one shard; data problems become failures, never exceptions."""
+def check_shard(job: Job, task: ShardTask, specs: tuple[StatSpec, ...], window_rows: int = WINDOW_ROWS
+                ) -> ShardResult:
+    """Deep checks and/or statistics for one shard, `window_rows` rows of each file at a time; data problems
+    become failures, never exceptions."""
     columns = None if task.deep else [s.column for s in specs]
     with storage.listed(task.listed), ExitStack() as stack:
         stack.callback(storage.forget_ahead, prefetch(job, task, columns))
-        return _check(job, task, specs, columns, stack)
+        return _check(job, task, specs, columns, Streams(0, stack, window_rows))
 
 
-def _check(job: Job, task: ShardTask, specs, columns: list[str] | None, stack: ExitStack) -> ShardResult:
+def _check(job: Job, task: ShardTask, specs, columns: list[str] | None, streams: Streams) -> ShardResult:
     result, uri = ShardResult(task.relpath), job.output_uri(task.relpath)
     try:
-        out = parquet_file(stack.enter_context(storage.open_parquet(uri)))
+        out = streams.open(uri)
     except Exception as exc:
         result.failures[BASE] = f"output shard unreadable: {one_line(exc)}"
         return result
-    streams = Streams(out.metadata.num_rows, stack)
-    streams.files[uri], result.rows = out, streams.rows
+    streams.rows = result.rows = out.metadata.num_rows
     names = [c for c in out.schema_arrow.names if columns is None or c in columns]
     deep = open_deep(job, task.relpath, task.records, streams) if task.deep else None
     if isinstance(deep, str):
         result.failures[BASE], deep = deep, None
-    for offset in range(0, max(streams.rows, 1), WINDOW_ROWS):  # an empty shard is one empty window
+    size = streams.window_rows
+    for offset in range(0, max(streams.rows, 1), size):  # an empty shard is one empty window
         try:
-            window = streams.take(uri, names, offset, min(WINDOW_ROWS, streams.rows - offset))
+            window = streams.take(uri, names, offset, min(size, streams.rows - offset))
         except Exception as exc:
             return ShardResult(task.relpath, streams.rows, {BASE: f"output shard unreadable: {one_line(exc)}"})
         if deep is not None:
