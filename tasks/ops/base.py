@@ -225,9 +225,11 @@ class Operation(ABC):
         return (SIBLINGS,) if self.input(dataset) else ()
 
     def compare_values(self, shard, index: int, record: Step) -> Findings:
-        """Value checks on one sampled shard. `shard` (tasks.verify.values.ShardValues) offers the output and
-        base tables, the replayed `layout`, `read(uri, columns)` and `compare(name, got, want, cast)`; `record`
-        is this step's Step. Nothing to compare by default."""
+        """Value checks on one sampled shard, called once per window of its rows. `shard`
+        (tasks.verify.values.ShardValues) offers the window's output and base rows, the replayed `layout`,
+        `read(uri, columns)` (the same rows of that file) and `compare(name, got, want, cast)` (a line counting
+        the differences of every window so far: the last window's findings are the shard's); `record` is this
+        step's Step. Nothing to compare by default."""
         return Findings()
 
 

@@ -1,7 +1,8 @@
 """`sidecar-ops verify`: prove an all-in-one sidecar is complete, aligned and sane. Pure pyarrow.
 
 Cheap checks cover every shard from one listing per prefix plus the base and output footers.
-Deep checks re-read N sampled shards (seeded) from base, output and every source, value for value.
+Deep checks re-read N sampled shards (seeded) from base, output and every source, value for value, a window
+of rows at a time, each object opened once.
 Score statistics cover the sampled shards, or every output shard with `all_shards`.
 
   registry.py  the check registry (report order, units, the JSON schema's names)

@@ -1,6 +1,7 @@
 """The verify driver: listings once, footers of every present shard, data of sampled shards, then the report.
 
-The driver holds listings, small per-shard facts and statistics partials; tables live only inside a shard check.
+The driver holds listings, small per-shard facts and statistics partials; a shard check holds a window of rows
+of each file it reads, never a table.
 Which checks exist, in which order, comes from the registry (tasks/verify/registry.py, checks.py).
 """
 from __future__ import annotations
