@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from itertools import chain
 from dataclasses import dataclass, field
@@ -105,6 +105,10 @@ class ShardState:
     def inputs(self) -> dict:
         """What this shard was made from: the base's identity and each operation's sibling's (or 'absent')."""
         return shard_inputs(self.base_input, [r.get("input") for r in self.records])
+
+    def key_batches(self) -> list[pa.Array] | None:
+        """The base's keys as read, in batches: what verify_output compares the written keys with."""
+        return self.base_keys.chunks if self.base_keys is not None else None
 
 
 def shard_inputs(base: str, siblings: list[str | None]) -> dict:
@@ -232,7 +236,7 @@ def write_output(job: Job, relpath: str, state: ShardState) -> ShardStats:
     """Write the shard atomically, then check what was stored (verify_output): from the payload itself where
     the backend proved the object holds exactly it (S3's checksums), else by reading the object back."""
     stats, written = store_output(job, relpath, state)
-    return verify_output(job, relpath, stats, written.payload, state.base_keys)
+    return verify_output(job, relpath, stats, written.payload, state.key_batches())
 
 
 def store_output(job: Job, relpath: str, state: ShardState) -> tuple[ShardStats, storage.Written]:
@@ -333,13 +337,13 @@ def open_shard(job: Job, relpath: str, stack: ExitStack) -> OpenShard:
 
 def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
     """Read, merge and write the shard a window at a time, each window one row group of the output, then check
-    what was stored (verify_output) against the base's keys as read. The first PROBE_ROWS rows are merged first
+    what was stored (verify_output) against the base's keys, read again from the same open base file (the same
+    bytes, a batch at a time: nothing held for the whole shard). The first PROBE_ROWS rows are merged first
     and measured: the window holds the base's row group if that fits in job.window_bytes, else as many rows as
     fit. The output is published only once every window has passed every step; after a failed window the rest
     are still read, so the error counts every bad row."""
     uri, key = job.output_uri(relpath), job.pipeline.dataset.key_column
     skipped = skipped_steps(shard.records)
-    base_keys: list[pa.Array] = []
 
     def merged(rows: int, offset: int) -> pa.Table:
         """The base's next `rows` rows (from row `offset`) through every step."""
@@ -350,8 +354,6 @@ def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
         window = read
         for index, step in enumerate(shard.steps):
             window = _step(job, relpath, index, lambda: step.apply(window, offset))
-        if key in read.column_names and read.num_rows:  # a compact copy: the reader's buffers are larger
-            base_keys.append(pa.concat_arrays(read[key].chunks))
         return window
 
     def windows() -> Iterator[pa.Table]:
@@ -377,8 +379,8 @@ def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
         written = storage.write_windows(windows(), uri, None, job.key_columns)
     except Exception as exc:
         raise _fail(relpath, f"writing {uri}", exc) from exc
-    keys = pa.chunked_array(base_keys, shard.base.schema.field(key).type) if key in shard.base.schema.names else None
     stats = ShardStats(relpath, shard.rows, written.size, skipped)
+    keys = shard.base.reread(key) if key in shard.base.schema.names else None
     return verify_output(job, relpath, stats, written.payload, keys)
 
 
@@ -451,17 +453,23 @@ def overwrite_fields(overwrite: bool, run_id: str, continue_overwrite: str | Non
             "overwrite_before": overwrite_before or ""}
 
 
-def same_keys(base: pa.ChunkedArray, written: Iterator[pa.Array]) -> bool:
-    """Whether the written keys, read a batch at a time, equal the base's: as many, each equal to the base's
-    value at its row, a null only where the base's is null (a faithful copy of the base's keys)."""
-    offset = 0
+def same_keys(base: Iterable[pa.Array], written: Iterable[pa.Array]) -> bool:
+    """Whether the written keys equal the base's, both read a batch at a time (batches of any sizes): as many,
+    each equal to the base's value at its row, a null only where the base's is null (a faithful copy)."""
+    base = iter(base)
+    pending = None  # base rows read and not yet compared
     for batch in written:
-        if offset + len(batch) > len(base):
-            return False
-        if not same_values(base.slice(offset, len(batch)), batch):
-            return False
-        offset += len(batch)
-    return offset == len(base)
+        while len(batch):
+            if pending is None or not len(pending):
+                pending = next(base, None)
+                if pending is None:
+                    return False  # more rows written than the base has
+                continue
+            n = min(len(batch), len(pending))
+            if not same_values(pending.slice(0, n), batch.slice(0, n)):
+                return False
+            pending, batch = pending.slice(n), batch.slice(n)
+    return (pending is None or not len(pending)) and not any(len(rest) for rest in base)
 
 
 def same_values(a, b) -> bool:
@@ -472,29 +480,27 @@ def same_values(a, b) -> bool:
 
 
 def verify_output(job: Job, relpath: str, stats: ShardStats, payload: pa.Buffer | None = None,
-                  base_keys: pa.ChunkedArray | None = None) -> ShardStats:
+                  base_keys: Iterable[pa.Array] | None = None) -> ShardStats:
     """The post-write check: the output's footer (provenance, row count, declared types) and its key column
     as written, equal to the base's. Read from `payload` (the bytes the store proved it holds) when given,
-    else from the stored object; the base's keys are `base_keys` (as the shard task read them) when given,
-    else read again."""
+    else from the stored object; the base's keys are `base_keys` (as the shard task read them, a batch at a
+    time) when given, else read again."""
     uri = job.output_uri(relpath)
     key = job.pipeline.dataset.key_column
     try:
         stored = pa.BufferReader(payload) if payload is not None else storage.open_parquet(uri, stats.bytes or None)
-        with stored as f:
-            pf = pq.ParquetFile(f)
+        with stored as f, ExitStack() as stack:
+            pf = parquet_file(f)
             prov = read_provenance(pf.metadata)
             if not prov or not job.pipeline.accepts(prov.get("fingerprint")):
                 raise ShardError("provenance fingerprint missing or different from this pipeline's")
             if pf.metadata.num_rows != stats.rows:
                 raise ShardError(f"output has {pf.metadata.num_rows} rows, expected {stats.rows}")
             check_extensions(job, pf.schema_arrow, allow_missing=stats.skipped_ops > 0)
-            if base_keys is not None:
-                base = base_keys
-            else:
-                with storage.open_parquet(job.base_uri(relpath)) as b:
-                    base = pq.ParquetFile(b).read(columns=[key])[key]
-            if not same_keys(base, (batch.column(0) for batch in batches(pf, [key]))):
+            if base_keys is None:
+                b = parquet_file(stack.enter_context(storage.open_parquet(job.base_uri(relpath))))
+                base_keys = (batch.column(0) for batch in batches(b, [key]))
+            if not same_keys(base_keys, (batch.column(0) for batch in batches(pf, [key]))):
                 raise ShardError(f"key column {key!r} of the output differs from the base")
     except Exception as exc:
         raise _fail(relpath, f"verifying {uri}", exc) from exc

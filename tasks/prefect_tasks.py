@@ -115,7 +115,7 @@ def write_unless_cached(job: Job, relpath: str, state: ShardState):
     found = cached_output(job, relpath, state.inputs(), state.table.num_rows)
     if found is None:
         return merge.write_output(job, relpath, state)
-    return checked_cached(job, relpath, found, state.base_keys)
+    return checked_cached(job, relpath, found, state.key_batches())
 
 
 def checked_cached(job: Job, relpath: str, found: ShardStats, base_keys=None) -> Completed:

@@ -77,6 +77,11 @@ class RowWindows:
             self._batches = self._pf.iter_batches(batch_size=self._batch_rows, row_groups=[group],
                                                   columns=self._columns, use_threads=True)
 
+    def reread(self, column: str) -> Iterator[pa.Array]:
+        """`column` again from the file's first row, a batch at a time, from the same open file (the same bytes:
+        a local file's descriptor, an S3 object's reads pinned to its ETag)."""
+        return (batch.column(0) for batch in batches(self._pf, [column]))
+
     def take(self, n: int) -> pa.Table:
         """The next `n` rows (fewer only at the end of the file)."""
         while self._held_rows < n:

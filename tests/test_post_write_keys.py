@@ -10,6 +10,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from core_fixtures import build, read_table
 
 from tasks.config import load_pipeline
@@ -42,7 +44,7 @@ def payload(table: pa.Table) -> pa.Buffer:
 
 
 def check(job: Job, stats: ShardStats, written: pa.Table, base_keys: pa.ChunkedArray) -> None:
-    verify_output(job, REL, stats, payload(written), base_keys)
+    verify_output(job, REL, stats, payload(written), base_keys.chunks)
 
 
 def test_a_null_written_where_the_base_has_a_key_fails_the_check(merged):
@@ -67,7 +69,7 @@ def test_a_null_written_where_the_base_has_a_null_passes(merged):
     keys = with_null(table[key], ROW)
     written = table.set_column(table.schema.get_field_index(key), key, keys)
     assert check(job, stats, written, keys) is None
-    assert not same_keys(keys, iter([keys.slice(0, ROW).combine_chunks(), keys.slice(ROW + 1).combine_chunks()]))
+    assert not same_keys(keys.chunks, iter([keys.slice(0, ROW).combine_chunks(), keys.slice(ROW + 1).combine_chunks()]))
 
 
 @pytest.mark.parametrize("base, written, same", [
@@ -82,7 +84,26 @@ def test_a_null_written_where_the_base_has_a_null_passes(merged):
 ], ids=["equal", "null-written", "null-base", "both-null", "all-null", "value", "fewer", "more"])
 def test_same_keys_needs_each_written_key_equal_nulls_included(base, written, same):
     batches = [pa.array(written[:1], pa.string()), pa.array(written[1:], pa.string())]
-    assert same_keys(pa.chunked_array([pa.array(base, pa.string())]), iter(batches)) is same
+    assert same_keys([pa.array(base, pa.string())], iter(batches)) is same
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", None]), max_size=12), st.data())
+def test_same_keys_whatever_the_batches_on_either_side(keys, data):
+    """Both sides read a batch at a time, in batches of any sizes (empty ones too): equal keys are the same,
+    any one key changed, dropped or added is not."""
+    def cut(values):
+        bounds = sorted(data.draw(st.lists(st.integers(0, len(values)), max_size=4)))
+        edges = [0, *bounds, len(values)]
+        return [pa.array(values[a:b], pa.string()) for a, b in zip(edges, edges[1:])]
+
+    assert same_keys(cut(keys), iter(cut(keys)))
+    if keys:
+        row = data.draw(st.integers(0, len(keys) - 1))
+        changed = [*keys[:row], "z" if keys[row] is not None else "a", *keys[row + 1:]]
+        assert not same_keys(cut(keys), iter(cut(changed)))
+        assert not same_keys(cut(keys), iter(cut(keys[:-1])))
+    assert not same_keys(cut(keys), iter(cut([*keys, "a"])))
 
 
 @pytest.mark.parametrize("got, want", [(["a", None, "c"], ["a", "b", "c"]), (["a", "b", "c"], ["a", None, "c"])],
