@@ -2,10 +2,11 @@
 rows at a time.
 
 `check_shard` is the unit of work a Runner schedules (locally, on Prefect or Ray). It opens the output, the base
-and each sibling once, reads them in lockstep windows of WINDOW_ROWS rows (tasks.windows.RowWindows: whatever
-their row groups), runs every registered data check on each window's `ShardValues` and folds score statistics
-window by window. Comparisons tally across windows (`Tally`), so the lines of the last window are the shard's.
-Memory holds a window of each file, never a whole table. Data problems become failures, never exceptions.
+and each sibling once and reads them in lockstep windows of as many rows as fit in tasks.windows.WINDOW_BYTES
+(tasks.windows.RowWindows: whatever their row groups); it runs every registered data check on each window's
+`ShardValues` and folds score statistics window by window. Comparisons tally across windows (`Tally`), so the
+lines of the last window are the shard's. Memory holds a window of each file, never a whole table. Data problems
+become failures, never exceptions.
 """
 from __future__ import annotations
 
@@ -28,11 +29,9 @@ from tasks.scorestats import ColumnPartial, StatSpec, column_partial
 from tasks.verify.checks import BASE
 from tasks.verify.compare import Tally, one_line
 from tasks.verify.registry import of_stage
-from tasks.windows import RowWindows
+from tasks.windows import PROBE_ROWS, RowWindows, parquet_file, window_rows
 
 DEEP_THREADS = 8
-WINDOW_ROWS = 65_536  # rows of each file a deep check holds at once
-READ_BUFFER = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -74,8 +73,8 @@ class Streams:
     advanced in lockstep, and the tally of every comparison. A read that fails after the first window leaves
     the shard `broken`: the checks stop there, with what they found so far."""
 
-    def __init__(self, rows: int, stack: ExitStack, window_rows: int = WINDOW_ROWS):
-        self.rows, self.stack, self.window_rows = rows, stack, window_rows
+    def __init__(self, rows: int, stack: ExitStack, window_rows: int = 0):
+        self.rows, self.stack, self.window_rows = rows, stack, window_rows  # 0: the whole shard at once
         self.files: dict[str, pq.ParquetFile] = {}
         self.readers: dict[tuple, RowWindows | BaseException] = {}
         self.taken: dict[tuple, int] = {}
@@ -106,7 +105,7 @@ class Streams:
     def _skip(self, key: tuple, reader: RowWindows, offset: int) -> None:
         """A reader first asked for after the first window starts at its rows too."""
         while self.taken.get(key, 0) < offset:
-            skipped = reader.take(min(offset - self.taken.get(key, 0), self.window_rows)).num_rows
+            skipped = reader.take(min(offset - self.taken.get(key, 0), self.window_rows or offset)).num_rows
             if not skipped:
                 break
             self.taken[key] = self.taken.get(key, 0) + skipped
@@ -115,7 +114,7 @@ class Streams:
         pf = self.open(uri)
         if pf.metadata.num_rows != self.rows:
             raise ShardError(f"source shard has {pf.metadata.num_rows} rows, the output has {self.rows}")
-        reader = self.readers[(uri, tuple(columns))] = RowWindows(pf, list(columns), self.window_rows)
+        reader = self.readers[(uri, tuple(columns))] = RowWindows(pf, list(columns), self.window_rows or self.rows)
         return reader
 
 
@@ -167,11 +166,6 @@ class ShardValues:
         """Each operation's own value checks, run once and shared by the checks reporting them."""
         return [op.compare_values(self, i, rec) if rec.applied else Findings()
                 for i, (op, rec) in enumerate(zip(self.job.pipeline.operations, self.records))]
-
-
-def parquet_file(f) -> pq.ParquetFile:
-    """A local file (a pyarrow NativeFile) is read through a small buffer, not a column chunk at a time."""
-    return pq.ParquetFile(f, buffer_size=READ_BUFFER) if isinstance(f, pa.NativeFile) else pq.ParquetFile(f)
 
 
 def data_lines(shard: ShardValues) -> dict[str, str]:
@@ -241,14 +235,13 @@ def prefetch(job: Job, task: ShardTask, columns: list[str] | None) -> list[str]:
     return [uri for uri, _ in reads]
 
 
-def check_shard(job: Job, task: ShardTask, specs: tuple[StatSpec, ...], window_rows: int = WINDOW_ROWS
-                ) -> ShardResult:
-    """Deep checks and/or statistics for one shard, `window_rows` rows of each file at a time; data problems
-    become failures, never exceptions."""
+def check_shard(job: Job, task: ShardTask, specs: tuple[StatSpec, ...], window: int = 0) -> ShardResult:
+    """Deep checks and/or statistics for one shard, `window` rows of each file at a time (0: as many as fit in
+    tasks.windows.WINDOW_BYTES); data problems become failures, never exceptions."""
     columns = None if task.deep else [s.column for s in specs]
     with storage.listed(task.listed), ExitStack() as stack:
         stack.callback(storage.forget_ahead, prefetch(job, task, columns))
-        return _check(job, task, specs, columns, Streams(0, stack, window_rows))
+        return _check(job, task, specs, columns, Streams(0, stack, window))
 
 
 def _check(job: Job, task: ShardTask, specs, columns: list[str] | None, streams: Streams) -> ShardResult:
@@ -263,17 +256,21 @@ def _check(job: Job, task: ShardTask, specs, columns: list[str] | None, streams:
     deep = open_deep(job, task.relpath, task.records, streams) if task.deep else None
     if isinstance(deep, str):
         result.failures[BASE], deep = deep, None
-    size = streams.window_rows
-    for offset in range(0, max(streams.rows, 1), size):  # an empty shard is one empty window
+    offset, size = 0, streams.window_rows or PROBE_ROWS
+    while True:  # an empty shard is one empty window
+        n = min(size, streams.rows - offset)
         try:
-            window = streams.take(uri, names, offset, min(size, streams.rows - offset))
+            window = streams.take(uri, names, offset, n)
         except Exception as exc:
             return ShardResult(task.relpath, streams.rows, {BASE: f"output shard unreadable: {one_line(exc)}"})
         if deep is not None:
             deep.window(window, offset)
         if task.stats:
             fold_stats(result.stats, window, specs, task.ranges)
-        if streams.broken:
+        if not streams.window_rows:  # the first rows measured: as many as fit in the budget from now on
+            size = streams.window_rows = window_rows(0, 2 * window.nbytes / max(n, 1))
+        offset += n
+        if offset >= streams.rows or streams.broken:
             break
     result.failures.update(deep.failures if deep is not None else {})
     return result
