@@ -5,9 +5,12 @@ numbers; on S3 each object is read once, as listed (no HEAD), in as few requests
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import contextmanager
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from core_fixtures import FILTER_EXTENSIONS, aes_op, build, dqm_op, read_table
 from faultproxy import proxied  # noqa: F401 (a fixture)
@@ -137,3 +140,38 @@ def test_on_s3_each_object_is_read_once_as_listed(tmp_path, s3_root, proxied):
                               ("GetObject", "watermark"): shards - 1})
     lists = [op for op, *_ in proxy.log if op == "ListObjects"]
     assert len(lists) == 5  # base, three sidecars, the output
+
+
+@contextmanager
+def arrow_peak():
+    """Arrow's high-water mark of what runs inside, in a pool of its own (pyarrow's default for the while)."""
+    before = pa.default_memory_pool()
+    pool = pa.proxy_memory_pool(before)
+    pa.set_memory_pool(pool)
+    try:
+        yield pool
+    finally:
+        pa.set_memory_pool(before)
+
+
+def test_a_deep_check_holds_a_window_not_the_shard(tmp_path):
+    """Deep checks and statistics of one 100,000-row shard whose files are one row group each, at a budget of
+    about a 30th of the shard: arrow's peak stays under half of what reading the same files whole takes (a whole
+    read of the shard's output alone would exceed it)."""
+    rows = 100_000
+    setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=rows, ops=ops, extensions=EXTENSIONS)
+    job = Job(load_pipeline(setup.pipeline), setup.output)
+    merge_shard(job, REL)
+    files = [job.output_uri(REL), *(setup.prefixes[name] + REL for name in ("base", "dqm", "aes"))]
+    assert {pq.read_metadata(uri).num_row_groups for uri in files} == {1}
+    with arrow_peak() as pool:
+        tables = [pq.read_table(uri) for uri in files]
+    whole, output = pool.max_memory(), tables[0].nbytes
+    del tables
+    specs = stat_specs(job.pipeline.dataset)
+    task = ShardTask(REL, deep=True, stats=True, records=None, ranges={})
+    with arrow_peak() as pool:
+        result = check_shard(replace(job, window_bytes=output // 30), task, specs)
+    assert (result.rows, result.failures) == (rows, {})
+    assert pool.max_memory() < 0.5 * whole and pool.max_memory() < output, (pool.max_memory(), whole, output)
+    print(f"arrow peak: {pool.max_memory() / 2**20:.1f} MiB, whole {whole / 2**20:.1f} MiB, output {output / 2**20:.1f} MiB")

@@ -2,8 +2,8 @@
 rows at a time.
 
 `check_shard` is the unit of work a Runner schedules (locally, on Prefect or Ray). It opens the output, the base
-and each sibling once and reads them in lockstep windows of as many rows as fit in tasks.windows.WINDOW_BYTES
-(tasks.windows.RowWindows: whatever their row groups); it runs every registered data check on each window's
+and each sibling once and reads them in lockstep windows of as many rows as fit in the budget (job.window_bytes,
+tasks.windows.WINDOW_BYTES by default; tasks.windows.RowWindows: whatever their row groups); it runs every registered data check on each window's
 `ShardValues` and folds score statistics window by window. Comparisons tally across windows (`Tally`), so the
 lines of the last window are the shard's. Memory holds a window of each file, never a whole table. Data problems
 become failures, never exceptions.
@@ -114,7 +114,7 @@ class Streams:
         pf = self.open(uri)
         if pf.metadata.num_rows != self.rows:
             raise ShardError(f"source shard has {pf.metadata.num_rows} rows, the output has {self.rows}")
-        reader = self.readers[(uri, tuple(columns))] = RowWindows(pf, list(columns), self.window_rows or self.rows)
+        reader = self.readers[(uri, tuple(columns))] = RowWindows(pf, list(columns), self.window_rows or PROBE_ROWS)
         return reader
 
 
@@ -237,7 +237,7 @@ def prefetch(job: Job, task: ShardTask, columns: list[str] | None) -> list[str]:
 
 def check_shard(job: Job, task: ShardTask, specs: tuple[StatSpec, ...], window: int = 0) -> ShardResult:
     """Deep checks and/or statistics for one shard, `window` rows of each file at a time (0: as many as fit in
-    tasks.windows.WINDOW_BYTES); data problems become failures, never exceptions."""
+    job.window_bytes); data problems become failures, never exceptions."""
     columns = None if task.deep else [s.column for s in specs]
     with storage.listed(task.listed), ExitStack() as stack:
         stack.callback(storage.forget_ahead, prefetch(job, task, columns))
@@ -268,7 +268,7 @@ def _check(job: Job, task: ShardTask, specs, columns: list[str] | None, streams:
         if task.stats:
             fold_stats(result.stats, window, specs, task.ranges)
         if not streams.window_rows:  # the first rows measured: as many as fit in the budget from now on
-            size = streams.window_rows = window_rows(0, 2 * window.nbytes / max(n, 1))
+            size = streams.window_rows = window_rows(0, 2 * window.nbytes / max(n, 1), job.window_bytes)
         offset += n
         if offset >= streams.rows or streams.broken:
             break
