@@ -20,6 +20,7 @@ from tasks.errors import ConfigError, ShardError
 from tasks.summary import RunFailed
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
+MEMORY_POOL = "jemalloc"  # gives a shard's freed windows back to the system (tasks/windows.py)
 
 
 def quiet_environment(debug: bool) -> None:
@@ -28,6 +29,9 @@ def quiet_environment(debug: bool) -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("PREFECT_UI_ENABLED", "false" if not debug else "true")
+    # Before pyarrow is imported: all of Arrow's allocations, the parquet reader's included, from jemalloc (see
+    # tasks.windows.use_returning_memory_pool, which can only switch what pyarrow's Python layer allocates).
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", MEMORY_POOL)
     if not debug:
         # Prefect's own log level stays as configured (INFO by default), so every run and task log reaches the
         # API and the UI; flows/launch.py keeps those records off the console instead.
@@ -45,7 +49,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    "are sampled")
     p.add_argument("--window-mib", type=float, default=None, help="memory budget of a shard task: decoded MiB of "
                    "a window of rows read, merged (or compared) and written at a time; a merge writes each window as "
-                   "one row group (default 64)")
+                   "one row group (default 32)")
     p.add_argument("--debug", action="store_true", help="tracebacks and full Prefect/Ray logs")
     p.add_argument("--keep-run-history", action="store_true", help="when the run starts its own Prefect server, "
                    "keep its records in $PREFECT_HOME/prefect.db (grows with every run) instead of a database "

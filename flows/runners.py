@@ -347,6 +347,7 @@ def make_task_runner(
     # a run whose server stops with its summary would lose the last 2 s of them. Prefect has no cheap flush
     # (APILogWorker.drain_all stops and restarts the service: ~45 ms a task, measured), so batch more often.
     env_vars.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", WORKER_LOG_INTERVAL)
+    env_vars.setdefault("ARROW_DEFAULT_MEMORY_POOL", os.environ.get("ARROW_DEFAULT_MEMORY_POOL") or "jemalloc")
     runtime_env["env_vars"] = without_job_env(env_vars)
     kwargs["runtime_env"] = runtime_env
 

@@ -14,7 +14,6 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from itertools import chain
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
@@ -29,7 +28,8 @@ from tasks.errors import ShardError
 from tasks.ops import History, Status, provenance_record
 from tasks.ops.base import StepStream
 from tasks.parquet_errors import unreadable_parquet
-from tasks.windows import PROBE_ROWS, WINDOW_BYTES, RowWindows, batches, parquet_file, window_rows
+from tasks.windows import (PROBE_ROWS, WINDOW_BYTES, RowWindows, batches, parquet_file, use_returning_memory_pool,
+                           window_rows)
 
 PROVENANCE_KEY = b"sidecar_ops"
 # Bump whenever the kernel's output for the same inputs and pipeline would change (column order, types, encoding
@@ -179,6 +179,7 @@ def read_base(job: Job, relpath: str) -> ShardState:
     """The base shard without the image column (a sidecar never carries image bytes)."""
     uri = job.base_uri(relpath)
     image, key = job.pipeline.dataset.image_column, job.pipeline.dataset.key_column
+    use_returning_memory_pool()
     if job.fetch_ahead:
         fetch_inputs_ahead(job, relpath)
     try:
@@ -297,6 +298,7 @@ class OpenShard:
 def opened_shard(job: Job, relpath: str) -> Iterator[OpenShard]:
     """The shard opened (open_shard); what it opened is closed at the end, and what was fetched ahead for it is
     released if it fails."""
+    use_returning_memory_pool()
     with ExitStack() as stack:
         try:
             if job.fetch_ahead:
@@ -357,21 +359,23 @@ def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
         return window
 
     def windows() -> Iterator[pa.Table]:
-        first = merged(min(PROBE_ROWS, shard.natural_rows or PROBE_ROWS, shard.rows), 0)  # never over a window
-        size = window_rows(shard.natural_rows, first.nbytes / max(first.num_rows, 1), job.window_bytes)
+        window = merged(min(PROBE_ROWS, shard.natural_rows or PROBE_ROWS, shard.rows), 0)  # never over a window
+        size = window_rows(shard.natural_rows, window.nbytes / max(window.num_rows, 1), job.window_bytes)
         end = min(size, shard.rows)
-        if end > first.num_rows:  # the probe's rows begin the first window
-            first = pa.concat_tables([first, merged(end - first.num_rows, first.num_rows)])
-        rest = (merged(min(size, shard.rows - start), start) for start in range(end, shard.rows, size))
+        if end > window.num_rows:  # the probe's rows begin the first window
+            window = pa.concat_tables([window, merged(end - window.num_rows, window.num_rows)])
+        starts = iter(range(end, shard.rows, size))
         meta = None
-        for window in chain([first], rest):
-            if any(step.failed for step in shard.steps):
-                continue
-            if meta is None:
-                check_extensions(job, window.schema, allow_missing=skipped > 0)
-                meta = output_metadata(window.schema, provenance(job, relpath, shard.records, shard.inputs(),
-                                                                 shard.rows))
-            yield window.replace_schema_metadata(meta)
+        while window is not None:
+            if not any(step.failed for step in shard.steps):
+                if meta is None:
+                    check_extensions(job, window.schema, allow_missing=skipped > 0)
+                    meta = output_metadata(window.schema, provenance(job, relpath, shard.records, shard.inputs(),
+                                                                     shard.rows))
+                yield window.replace_schema_metadata(meta)
+            start, window = next(starts, None), None  # one window held at a time: this one goes first
+            if start is not None:
+                window = merged(min(size, shard.rows - start), start)
         for index, step in enumerate(shard.steps):
             _step(job, relpath, index, step.finish)
 

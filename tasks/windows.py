@@ -15,16 +15,33 @@ buffers, never a row group of any size, never the file.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from functools import cache
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 BATCH_ROWS = 16_384  # rows pyarrow decodes at once (a window is made of such batches)
-WINDOW_BYTES = 64 << 20  # default budget: decoded (Arrow) bytes of a window of merged rows, an output row group
+WINDOW_BYTES = 32 << 20  # default budget: decoded (Arrow) bytes of a window of merged rows, an output row group
 MAX_WINDOW_ROWS = 1 << 20  # pyarrow's own largest row group
 PROBE_ROWS = 4096  # the first rows, merged to measure a row's bytes; they begin the first window
 READ_BUFFER = 256 << 10  # a local column chunk is read through a buffer of this size, not whole
+
+
+@cache
+def use_returning_memory_pool() -> None:
+    """What pyarrow's Python layer allocates comes from jemalloc in this process: it gives the windows' freed
+    memory back to the system within a second, where pyarrow's default (mimalloc) kept ~100 MiB more of a
+    1.5M-row shard's at the same CPU time. Arrow's C++ internals (the parquet reader's) follow only
+    ARROW_DEFAULT_MEMORY_POOL, read once as pyarrow loads: the command line and Ray's workers set it to jemalloc
+    (flows/cli.py, flows/runners.py); a pool chosen that way is kept. A pyarrow without jemalloc keeps its own."""
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        return
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+    except NotImplementedError:
+        pass
 
 
 def parquet_file(f) -> pq.ParquetFile:

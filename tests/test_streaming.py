@@ -237,8 +237,9 @@ def test_a_streamed_s3_output_goes_up_in_parts_while_its_windows_are_merged(s3_r
 # ----------------------------------------------------------------- memory bounded by a window
 
 def peak_of(mode: str, root: str, window_bytes: int = WINDOW_BYTES) -> dict:
-    out = subprocess.run([sys.executable, __file__, mode, root, str(window_bytes)], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).parent.parent)
+    env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}  # one pool for every allocation, C++'s too
+    out = subprocess.run([sys.executable, __file__, mode, root, str(window_bytes)], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).parent.parent, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -260,8 +261,26 @@ def test_a_streamed_shard_holds_a_window_not_the_shard(tmp_path, n, groups, budg
     write(pa.table({"path": paths, "aes": list(range(n))}), f"{root}aes/{REL}", groups[2])
     streamed, held = peak_of("streamed", root, budget), peak_of("whole", root)
     assert streamed["rows"] == held["rows"] == n
-    assert streamed["peak"] < 0.5 * held["peak"], (streamed, held)
+    assert streamed["peak"] < 0.3 * held["peak"], (streamed, held)
     print(f"peak arrow memory: streamed {streamed['peak'] / 2**20:.1f} MiB, whole {held['peak'] / 2**20:.1f} MiB")
+
+
+@pytest.mark.slow
+def test_memory_grows_with_the_budget_by_one_window_held_at_a_time(tmp_path):
+    """1,000,000 rows in one row group each, at budgets of 4 and 32 MiB: the allocator's peak grows by under 2.2
+    times what the budget grew (one window of each input and the merged rows held while it is written: 1.8x
+    measured; holding the previous window while the next is read measured 2.7x)."""
+    root = storage.normalize_prefix(str(tmp_path))
+    n = 1_000_000
+    keys = [f"image-{i:09d}" for i in range(n)]
+    paths = [f"s3://bucket/images/{k}.jpg" for k in keys]
+    write(pa.table({"key": keys, "path": paths, "size": list(range(n)), "w": [0.5] * n}), f"{root}base/{REL}", n)
+    write(pa.table({"key": keys, "dqm": [float(i) for i in range(n)]}), f"{root}dqm/{REL}", n)
+    write(pa.table({"path": paths, "aes": list(range(n))}), f"{root}aes/{REL}", n)
+    small, large = peak_of("streamed", root, 4 << 20), peak_of("streamed", root, 32 << 20)
+    assert small["rows"] == large["rows"] == n
+    growth = (large["peak"] - small["peak"]) / (28 << 20)
+    assert growth < 2.2, (small, large, growth)
 
 
 if __name__ == "__main__":  # one merge in this fresh process: its peak arrow memory on stdout

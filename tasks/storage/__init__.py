@@ -281,6 +281,7 @@ def write_windows(windows: Iterable[pa.Table], uri: str, row_group_size: int | N
                                               use_dictionary=dictionary_columns(window.schema, plain))
                 # An empty input shard reports row groups of 0 rows; pyarrow refuses row_group_size=0.
                 writer.write_table(window, row_group_size=row_group_size or None)
+                del window  # not held while the next one is read
         except BaseException:
             if writer is not None:
                 with suppress(Exception):  # the object is never published; the first error is the one to tell
