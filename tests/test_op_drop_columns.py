@@ -75,7 +75,7 @@ def test_yaml_builds_the_operation_and_its_fingerprint(tmp_path):
                         r"are aligned by it, so it cannot be dropped$"),
     (["image"], r"'image' is the dataset's image_column: it is never in the output \(a sidecar carries no image "
                 r"bytes\), there is nothing to drop$"),
-    (["filter_luma"], "'filter_luma' is declared in the dataset's schema_extensions"),
+    (["filter_luma"], "'filter_luma' is declared in the dataset's schema_extensions: remove it there to drop it"),
     ([], "must list at least one column to drop"),
     (["width", "width"], "lists a column twice"),
     (["width", ""], r"columns\[1\] must be a non-empty column name"),
