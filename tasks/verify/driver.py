@@ -20,6 +20,7 @@ from tasks.verify.checks import ROWS
 from tasks.verify.footers import FooterFacts, read_footers
 from tasks.verify.registry import Check, report_order
 from tasks.verify.values import Runner, ShardResult, ShardTask, check_locally
+from tasks.windows import use_returning_memory_pool
 
 
 @dataclass
@@ -90,6 +91,7 @@ def verify(job: Job, samples: int = 50, seed: int = 0, all_shards: bool = False,
     sample and scope, bounded in flight, while the footers of every other shard are read beside them."""
     if samples < 0:
         raise ConfigError(f"--samples must be 0 or more, got {samples}")
+    use_returning_memory_pool()
     start = time.monotonic()
     pipe = job.pipeline
     plan = make_plan(job, overwrite=True)  # listings only: base (refused when empty), sources, output
