@@ -7,7 +7,9 @@ ip-10-0-0-7), so the name is read from the right. The clock is fixed, so the thr
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 
 import pyarrow as pa
@@ -19,6 +21,19 @@ from tasks.storage import local as local_backend
 NOW = 1_700_000_000.0
 THRESHOLD = 3600
 NO_SUCH_PID = 2**22 + 1  # above Linux's largest pid_max: never a running process
+
+
+@pytest.fixture(autouse=True)
+def no_hangup():
+    """Asking whether a writer runs (signal 0) sends it nothing: were this process sent SIGHUP while it is asked
+    about, the test fails (instead of the process ending)."""
+    received = []
+    previous = signal.signal(signal.SIGHUP, lambda signum, _frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert received == [], "a process asked about was sent SIGHUP"
 
 
 def temp(host: str, pid: int | str, tail: str = "-0f3a9c") -> str:
@@ -70,3 +85,46 @@ def test_a_local_write_outside_its_normal_path_is_refused_in_one_line(tmp_path):
         storage.write_atomic(pa.table({"k": [1]}), uri)
     assert str(refused.value) == (f"refusing to write {uri!r}: the path has '.'/'..' segments and could land "
                                   "outside the output prefix")
+
+
+def test_the_listing_walks_every_folder_under_the_prefix(tmp_path, monkeypatch):
+    """Relpaths, sizes and identities (size + st_mtime_ns) of every file under the prefix, however deep. The
+    working directory is an empty folder: a walk that strayed there would list nothing, and stop."""
+    prefix = tmp_path / "out"
+    files = {"a.parquet": b"xy", "b/c.parquet": b"xyz", "b/d/e/f.parquet": b"", "b/notes.txt": b"n"}
+    for rel, data in files.items():
+        (prefix / rel).parent.mkdir(parents=True, exist_ok=True)
+        (prefix / rel).write_bytes(data)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    listed = local_backend.LocalBackend().listing(str(prefix) + "/")
+    assert sorted(listed) == sorted((rel, len(data), local_backend.local_identity(os.stat(prefix / rel)))
+                                    for rel, data in files.items())
+
+
+@contextlib.contextmanager
+def signals_refused():
+    """Signals to init (pid 1) are refused for the block, as to any process of another user: under root, the
+    real and effective uid are nobody's meanwhile (root, the saved uid, takes them back)."""
+    if os.geteuid() != 0:
+        yield
+        return
+    os.setresuid(65534, 65534, 0)
+    try:
+        yield
+    finally:
+        os.setresuid(0, 0, 0)
+
+
+def test_a_running_process_of_another_user_is_not_a_dead_writer(monkeypatch):
+    monkeypatch.setattr(socket, "gethostname", lambda: "vm")
+    with signals_refused():
+        try:
+            os.kill(1, 0)
+        except PermissionError:
+            dead = local_backend.writer_dead(temp("vm", 1))
+        else:
+            dead = None
+    if dead is None:
+        pytest.skip("init (pid 1) runs as this user here: no process of another user to ask about")
+    assert dead is False
