@@ -130,6 +130,23 @@ def test_a_base_whose_existence_the_store_will_not_tell_is_not_called_missing(tm
                                "check the dataset's main_prefix")
 
 
+def test_judging_existing_outputs_asks_s3_for_their_footers_only(tmp_path, s3_root, proxied):  # noqa: F811
+    """A resumed plan reads each existing output's footer with the size its listing gave: no HEAD of any object,
+    only ranged GETs of the outputs."""
+    setup = build(tmp_path, s3_root, shards=SHARDS)
+    job = job_for(setup)
+    for rel in sorted(storage.list_prefix(setup.prefixes["base"]).shards):
+        merge_shard(job, rel)
+    proxy = proxied()
+    plan = make_plan(job_for(setup))
+    assert len(plan.complete) == SHARDS
+    output_path = "/" + setup.output[len("s3://"):]
+    output_reads = [(op, path) for op, path, _, _ in proxy.log if path.startswith(output_path)
+                    and path.endswith(".parquet")]
+    assert not [entry for entry in proxy.log if entry[0] == "HeadObject"], proxy.log
+    assert output_reads and {op for op, _ in output_reads} == {"GetObject"}
+
+
 CURRENT = {"base": "b2", "operations": ["s1", "absent"]}
 
 
