@@ -134,11 +134,12 @@ def run_config(args, command: str):
 
 
 # Commands import what they run only once the arguments are checked: Prefect and Ray cost seconds to import,
-# which a dry run, a config error or `--help` should not pay.
+# which a dry run, a config error or `--help` should not pay. A run or verify starts its Prefect server before
+# its YAMLs are read (flows/launch.py): bad input then stops that server before it answers.
 
 def cmd_run(args) -> int:
-    config = run_config(args, "run")
     if args.dry_run:
+        config = run_config(args, "run")
         from tasks.dryrun import dry_run
 
         return dry_run(config.pipeline, config.output_prefix, samples=20 if args.samples is None else args.samples,
@@ -146,14 +147,21 @@ def cmd_run(args) -> int:
                        continue_overwrite=config.continue_overwrite)
     from flows.launch import run_merge
 
-    return run_merge(config, keep_history=args.keep_run_history)
+    return run_merge(start(args, "run"))
 
 
 def cmd_verify(args) -> int:
-    config = run_config(args, "verify")
     from flows.launch import run_verify
 
-    return run_verify(config, keep_history=args.keep_run_history, json_path=args.json_path)
+    return run_verify(start(args, "verify"), json_path=args.json_path)
+
+
+def start(args, command: str):
+    """How flows/launch.py starts `command`: its server first, the YAMLs read (run_config) while it boots."""
+    from flows.launch import Start
+
+    return Start(lambda: run_config(args, command), debug=args.debug, use_ray=args.use_ray,
+                 ray_address=args.ray_address, keep_history=args.keep_run_history)
 
 
 def cmd_demo(args) -> int:

@@ -1,6 +1,8 @@
 """Start a merge or verify run from the command line: one Prefect API, quiet consoles, the result at the end.
 
-The flow modules are imported while the run's own Prefect server starts (the two overlap: ~1.5 s each).
+The run's own Prefect server starts first, as soon as the arguments are parsed: this process checks the YAMLs
+and imports the flow module while it boots (the server needs ~3.5 s, this ~1.5 s), so nothing heavy may be
+imported here at module level (flows.runconfig imports pyarrow and the config models: ~0.3 s).
 """
 from __future__ import annotations
 
@@ -9,12 +11,16 @@ import functools
 import importlib
 import logging
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from flows import cluster, compat
 from flows.interrupt import Interrupted, flow_running
-from flows.runconfig import RunConfig, RunnerChoice
 from flows.server import configured_api, prefect_api
-from tasks.report import table_lines, write_json
+
+if TYPE_CHECKING:
+    from flows.runconfig import RunConfig, RunnerChoice
 
 NOISY_ON_CONSOLE = ("prefect.flow_runs", "prefect.task_runs", "prefect.engine", "prefect.task_engine",
                     "prefect.flow_engine", "prefect.task_runner", *compat.PREFECT_BACKGROUND_LOGGERS)
@@ -63,31 +69,51 @@ def flush_api_logs() -> None:
     compat.drain_prefect_workers(timeout=5)
 
 
-def server_host(choice: RunnerChoice) -> str:
+def server_host(use_ray: bool, ray_address: str | None) -> str:
     """Where a server this run starts must listen: loopback, unless Ray workers on other hosts report to it.
     Joining a cluster is checked here, before anything starts: token, reachable head, a route back."""
-    if not choice.use_ray:
+    if not use_ray:
         return "127.0.0.1"
-    target = cluster.ray_target(choice.ray_address)
+    target = cluster.ray_target(ray_address)
     cluster.prepare(target)
     if target.all_on_this_host or configured_api():
         return "127.0.0.1"
     return cluster.driver_host(target)
 
 
+@dataclass(frozen=True)
+class Start:
+    """What starting a command-line run needs before its YAMLs are read: the arguments that choose the API's
+    server, and how to load the run's configuration (ConfigError, exit 2, for bad input)."""
+
+    load_config: Callable[[], RunConfig]
+    debug: bool = False
+    use_ray: bool = False
+    ray_address: str | None = None
+    keep_history: bool = False
+
+
 @contextlib.contextmanager
-def session(config: RunConfig, what: str, flow_module: str, keep_history: bool = False):
-    """The Prefect API of one command-line run (a server of its own unless PREFECT_API_URL is set), a quiet
-    console, and buffered logs sent before the server stops. While a server of its own boots, this process
-    gets ready for the flow (`warm_up`), so the flow starts the moment the server answers."""
-    debug = config.runner.debug
-    with prefect_api(ui=debug, host=server_host(config.runner), keep_history=keep_history, announce=debug,
-                     while_starting=lambda: warm_up(flow_module, debug)) as api_url:
-        quiet_console(debug)
+def session(start: Start, what: str, flow_module: str):
+    """The RunConfig of one command-line run, with its Prefect API (a server of its own unless PREFECT_API_URL is
+    set), a quiet console, and buffered logs sent before the server stops. A server of its own starts first;
+    while it boots, this process loads the configuration and gets ready for the flow (`warm_up`), so the flow
+    starts the moment the server answers. Bad input stops the server before it answers: no flow run, nothing
+    written, its database removed."""
+    loaded = []
+
+    def meanwhile():
+        loaded.append(start.load_config())
+        warm_up(flow_module, start.debug)
+
+    with prefect_api(ui=start.debug, host=server_host(start.use_ray, start.ray_address),
+                     keep_history=start.keep_history, announce=start.debug, while_starting=meanwhile) as api_url:
+        config = loaded[0]
+        quiet_console(start.debug)
         quiet_ray(config.runner)
         print(f"{what} {config.pipeline.path} -> {config.output_prefix} (Prefect API {api_url})", file=sys.stderr)
         try:
-            yield api_url
+            yield config
         finally:
             flush_api_logs()
 
@@ -97,12 +123,13 @@ def warm_up(flow_module: str, debug: bool) -> None:
     logging, and import what Prefect itself imports lazily to record the flow run's parameters."""
     importlib.import_module(flow_module)
     importlib.import_module("fastapi.encoders")  # prefect.flows.serialize_parameters; ~0.6 s here
+    importlib.import_module("pyarrow").array([0])  # pyarrow imports pandas at its first conversion: ~0.15 s
     quiet_console(debug)
 
 
-def run_merge(config: RunConfig, keep_history: bool = False) -> int:
+def run_merge(start: Start) -> int:
     """`sidecar-ops run`: 0 when every shard is complete; RunFailed (exit 1) names the failed ones."""
-    with session(config, "merging", "flows.merge", keep_history):
+    with session(start, "merging", "flows.merge") as config:
         from flows.merge import merge_flow  # imported while the server started
 
         with flow_running(config.grace_seconds):
@@ -117,9 +144,11 @@ def run_merge(config: RunConfig, keep_history: bool = False) -> int:
     return 0
 
 
-def run_verify(config: RunConfig, keep_history: bool = False, json_path: str | None = None) -> int:
+def run_verify(start: Start, json_path: str | None = None) -> int:
     """`sidecar-ops verify`: 0 when every check passes, 1 when any fails."""
-    with session(config, "verifying", "flows.verify", keep_history):
+    from tasks.report import table_lines, write_json
+
+    with session(start, "verifying", "flows.verify") as config:
         from flows.verify import VerifyFailed, verify_flow
 
         try:

@@ -1,6 +1,6 @@
 """A run's configuration, built once and passed down: the pipeline, where it is written, how it runs.
 
-The command line builds it from its arguments (so bad input stops before any server starts); a flow run
+The command line builds it from its arguments (bad input stops before any flow run starts); a flow run
 builds the same object from its parameters, so a deployment run, a UI "Custom run" and a CLI run with the
 same values behave alike. Nothing below reads the environment for these choices.
 """

@@ -119,31 +119,31 @@ def prefect_api(ui: bool = False, while_starting=None, host: str = "127.0.0.1", 
     database lasts as long as the run (flows/rundb.py), unless `keep_history` (then Prefect's own database
     under PREFECT_HOME, which `prefect server start` shows later) or PREFECT_API_DATABASE_CONNECTION_URL is set.
     The server process starts before this process imports Prefect: the two boot side by side, and
-    `while_starting` (importing the flow module, ...) runs meanwhile. `announce` says on stderr where the
-    server's log and database are."""
+    `while_starting` (checking the run's YAMLs, importing the flow module, ...) runs meanwhile, once, whether or
+    not a server was started; what it raises stops the server (its errors come before an unwritable
+    PREFECT_HOME's). `announce` says on stderr where the server's log and database are."""
     if os.environ.get("PREFECT_API_URL"):  # the usual way to name a server; no need to import Prefect to see it
+        _call(while_starting)
         yield os.environ["PREFECT_API_URL"]
         return
+    server = home_error = None
     try:
         server = RunServer(host, ui, keep_history)
-    except ConfigError:  # PREFECT_HOME unwritable: fine if a Prefect profile names a server after all
-        if not configured_api():
-            raise
-        server = None
-    if server is None:
-        yield configured_api()
-        return
+    except ConfigError as exc:  # PREFECT_HOME unwritable: fine if a Prefect profile names a server after all
+        home_error = exc
     try:
+        _call(while_starting)
         configured = configured_api()  # a Prefect profile or settings file may name a server as well
+        if server is None and not configured:
+            raise home_error
         if configured:
-            server.stop()
+            if server is not None:
+                server.stop()
             yield configured
             return
         if announce:
             print(f"Prefect server for this run: {server.url}, log {server.log_path}, database {server.where()}",
                   file=sys.stderr)
-        if while_starting is not None:
-            while_starting()
         server.wait_healthy()
         from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
         from prefect.settings import temporary_settings
@@ -157,7 +157,13 @@ def prefect_api(ui: bool = False, while_starting=None, host: str = "127.0.0.1", 
                                  **({PREFECT_API_AUTH_STRING: server.auth} if server.auth else {})}):
             yield server.url
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
+
+
+def _call(fn) -> None:
+    if fn is not None:
+        fn()
 
 
 class RunServer:

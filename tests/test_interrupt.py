@@ -114,7 +114,7 @@ def test_an_interrupted_overwrite_continues_with_what_its_summary_says(tmp_path,
     assert code == 0 and summary_counts(out) == (SHARDS, 0, SHARDS, 0), "a finished overwrite stays finished"
 
 
-def test_overwrite_before_takes_only_a_time(tmp_path, cli):
+def test_overwrite_before_takes_only_a_time(tmp_path, cli, prefect_api):
     setup = build(tmp_path, str(tmp_path / "data"), shards=1)
     code, _, err = cli("run", setup.pipeline, "--output-prefix", setup.output, "--overwrite-before", "yesterday")
     assert code == 2

@@ -76,7 +76,7 @@ def test_an_overwrite_whose_shard_fails_prints_how_to_continue(tmp_path, run):
                      r"--overwrite to continue", out + err), out + err
 
 
-def test_continue_overwrite_takes_only_an_overwrite_id(tmp_path, cli):
+def test_continue_overwrite_takes_only_an_overwrite_id(tmp_path, cli, prefect_api):
     setup = build(tmp_path, str(tmp_path / "data"), shards=1)
     code, _, err = cli("run", setup.pipeline, "--output-prefix", setup.output, "--continue-overwrite", "yesterday")
     assert code == 2

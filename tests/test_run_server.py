@@ -2,14 +2,19 @@
 between being chosen and being served, and the health check asks for an identity only that server was given."""
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+from core_fixtures import build, objects
 
 from flows import server
+from flows.rundb import FOLDER
 
 
 class Impostor:
@@ -110,3 +115,65 @@ def test_the_runs_own_server_proves_its_identity(home):
         assert server.identity_at(run_server.url) == run_server.identity != ""
     finally:
         run_server.stop()
+
+
+REPO = Path(__file__).resolve().parents[1]
+# A `sidecar-ops` process that records, when it spawns its server, which heavy modules it has imported, and at
+# its first shard read whether pyarrow's pandas is imported; prints its exit code and those as JSON.
+RECORDING_CLI = """
+import json, subprocess, sys
+from flows.cli import main
+seen = {"at_spawn": None, "pandas_at_first_read": None, "server_exited": None}
+procs = []
+real_popen = subprocess.Popen
+def popen(argv, *args, **kwargs):
+    if "flows.apiserver" not in argv:
+        return real_popen(argv, *args, **kwargs)
+    seen["at_spawn"] = sorted(m for m in ("tasks.config", "pyarrow", "prefect") if m in sys.modules)
+    procs.append(real_popen(argv, *args, **kwargs))
+    from tasks import merge
+    real_open_shard = merge.open_shard
+    def open_shard(*args, **kwargs):
+        if seen["pandas_at_first_read"] is None:
+            seen["pandas_at_first_read"] = "pandas" in sys.modules
+        return real_open_shard(*args, **kwargs)
+    merge.open_shard = open_shard
+    return procs[-1]
+subprocess.Popen = popen
+seen["code"] = main(sys.argv[1:])
+seen["server_exited"] = [p.poll() is not None for p in procs]
+print(json.dumps(seen))
+"""
+
+
+def recorded_run(tmp_path, *argv) -> tuple[dict, str]:
+    proc = subprocess.run([sys.executable, "-c", RECORDING_CLI, "run", *map(str, argv)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.mark.slow
+def test_the_server_starts_before_the_yamls_are_read_while_the_flow_gets_ready(tmp_path, home):
+    """The server (most of a one-shard run's time) boots while this process reads the YAMLs, imports the flow
+    and pyarrow's pandas (else imported by the first shard task): nothing heavy is imported when it starts."""
+    setup = build(tmp_path, str(tmp_path / "data"), shards=1, watermark_gap=False)
+    seen, err = recorded_run(tmp_path, setup.pipeline, "--output-prefix", setup.output)
+    assert seen["code"] == 0, err
+    assert seen["at_spawn"] == [], "the server starts before the config models, pyarrow and Prefect are imported"
+    assert seen["pandas_at_first_read"] is True
+    assert seen["server_exited"] == [True]
+
+
+@pytest.mark.slow
+def test_bad_input_stops_the_server_started_for_it_leaving_nothing(tmp_path, home):
+    """A YAML error is still one line and exit 2; the server started meanwhile is gone with its database."""
+    setup = build(tmp_path, str(tmp_path / "data"), shards=1, watermark_gap=False)
+    bad = Path(setup.pipeline).with_name("bad.yaml")
+    bad.write_text(Path(setup.pipeline).read_text().replace("operations:", "operations: [", 1))
+    seen, err = recorded_run(tmp_path, bad, "--output-prefix", setup.output)
+    assert seen["code"] == 2, err
+    assert err.strip().startswith(f"error: {bad}:") and len(err.strip().splitlines()) == 1, err
+    assert seen["at_spawn"] == [] and seen["server_exited"] == [True]
+    assert list((home / FOLDER).glob("run-*")) == [], "the run's database is removed"
+    assert objects(setup.output) == []

@@ -233,8 +233,9 @@ def test_plan_refuses_output_under_a_missing_bucket(tmp_path, moto_endpoint, mem
         make_plan(Job(load_pipeline(setup.pipeline), out))
 
 
-def test_run_with_a_non_atomic_output_stops_before_any_work(tmp_path, cli):
-    """The command line refuses such an output prefix with one line and exit 2, before a server starts."""
+def test_run_with_a_non_atomic_output_stops_before_any_work(tmp_path, cli, prefect_api):
+    """The command line refuses such an output prefix with one line and exit 2, before any flow run (a run's own
+    server, started meanwhile, is stopped: tests/test_run_server.py)."""
     setup = build(tmp_path, str(tmp_path / "data"), shards=2)
     code, out, err = cli("run", setup.pipeline, "--output-prefix", "ftp://host.example/out/")
     assert code == 2, err

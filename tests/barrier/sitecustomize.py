@@ -12,7 +12,7 @@ file is written (before the fsync and the rename), on S3 once the first part of 
 (before the rest and the completion).
 
 SIDECAR_OPS_TEST_HOLD_IN=PHASE instead holds the run's main thread once, at a phase of a run: `startup` (its
-first configuration load, before its Prefect server starts), `summary` (publishing the summary artifact, every
+first configuration load, before its Prefect server answers), `summary` (publishing the summary artifact, every
 shard finished) or `exit` (the last exit handler, the summary printed): a signal sent then lands in that phase.
 
 SIDECAR_OPS_TEST_HOLD_ARMED=1 (for processes started before the test acts, e.g. a Ray cluster's workers): the
