@@ -83,6 +83,15 @@ W9_GOALS = {f"{who} @ {layout}, 10,000 rows: peak RSS": "<= 0.5"
             for who in (W9_B, W9_D) for layout in ("pyarrow", "one")}
 W9_GOALS |= {f"{who} @ {layout}: peak RSS growth, 5,000 -> 10,000 rows": "<= 1.2"
              for who in (W9_B, W9_D) for layout in W9_LAYOUTS}
+# W10 at smoke size: 200 and 1,000 shards of 10 rows on S3 (15 ms a request); 10^5 by a linear fit over them.
+W10_MODES = {"(a) verify --samples 50": False, "(b) verify --samples 50 --all": True}  # label: --all
+W10_COUNTS = (200, 1_000)
+W10_MEASURES = ("wall", "ms a shard", "requests a shard", "driver peak RSS", "verify CPU a shard")
+EXPECTED["W10"] = [f"set-up @ {n:,}: {what}" for n in W10_COUNTS
+                   for what in ("put the inputs", "sidecar-ops run (the outputs)")] + [
+    f"{mode} @ {n}: {what}" for mode in W10_MODES for n in (*(f"{c:,}" for c in W10_COUNTS), "100,000 (extrapolated)")
+    for what in W10_MEASURES[:-1 if n.endswith("(extrapolated)") else None]]
+RATIO_ROWS |= {("W10", f"{mode} @ 1,000: {what}") for mode in W10_MODES for what in ("ms a shard", "driver peak RSS")}
 # A difference of two walls: at smoke size (2 shards) it is noise around 0 and may be negative; reported all the same.
 SIGNED_RATIO_ROWS = {("W8", "(c) - (e): wall minus start-up")}
 
@@ -90,6 +99,27 @@ SIGNED_RATIO_ROWS = {("W8", "(c) - (e): wall minus start-up")}
 def request_kinds(row: dict) -> dict[str, float]:
     """{'GET': 6.0, ...} from a W8 requests row's note ("LIST 3, HEAD 0.5, GET 6, PUT 1; 21 in all")."""
     return {kind: float(n) for kind, n in (part.split() for part in row["note"].split(";")[0].split(", "))}
+
+
+def requests_in_all(row: dict) -> dict[str, int]:
+    """{'GET': 2200, 'LIST': 4} from a W10 requests row's note ("LIST 0, GET 2.2; in all: LIST 4, GET 2,200 (2,204)")."""
+    listed = row["note"].split("in all: ")[1].rsplit(" (", 1)[0]
+    return {kind: int(n.replace(",", "")) for kind, n in (part.rsplit(" ", 1) for part in listed.split(", "))}
+
+
+def check_w10(rows: dict) -> None:
+    """W10 (issue 27): every verify passed with every row of its statistics' scope; its requests are counted: both
+    footers of every shard, then the output, base and two sources of each of the 50 sampled shards and, with --all,
+    the output of every other shard once; no HEAD (sizes from the listings), nothing written."""
+    for mode, all_shards in W10_MODES.items():
+        for n in W10_COUNTS:
+            scope = n if all_shards else 50
+            note = rows["W10", f"{mode} @ {n:,}: wall"]["note"]
+            assert note.startswith(f"{n:,} shards verified, statistics over {scope:,} shards ({scope * 10:,} rows)"), note
+            got = requests_in_all(rows["W10", f"{mode} @ {n:,}: requests a shard"])
+            assert got["GET"] == 2 * n + 4 * 50 + (n - 50 if all_shards else 0), (mode, n, got)
+            assert got["LIST"] >= 4 and set(got) == {"GET", "LIST"}, (mode, n, got)
+        assert "NOT measured" in rows["W10", f"{mode} @ 100,000 (extrapolated): wall"]["note"], mode
 
 
 def test_smoke_size_produces_every_row_and_ratio(tmp_path):
@@ -148,4 +178,5 @@ def test_smoke_size_produces_every_row_and_ratio(tmp_path):
         assert "base row groups" in rows["W9", f"{W9_A} @ {layout}, 5,000 rows: peak RSS"]["note"], layout
     for name, goal in W9_GOALS.items():
         assert rows["W9", name]["goal"] == goal and rows["W9", name]["met"] is not None, name
+    check_w10(rows)
     assert "| W1 | (a) floor: minimal pyarrow |" in proc.stdout
