@@ -8,14 +8,30 @@ import json
 
 import pyarrow as pa
 import pytest
-from core_fixtures import build, dqm_op, put_bytes, read_table, watermark_op, write_table
-from faultproxy import DENIED, proxied  # noqa: F401 (a fixture)
+from core_fixtures import (
+    FILTER_EXTENSIONS,
+    build,
+    dqm_op,
+    put_bytes,
+    read_table,
+    remove,
+    watermark_op,
+    write_table,
+)
+from faultproxy import DENIED, UNSUPPORTED, proxied  # noqa: F401 (a fixture)
 
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.errors import ConfigError
 from tasks.merge import PROVENANCE_KEY, Job, merge_shard, overwrite_fields
-from tasks.plan import changed_inputs, make_plan, output_status, refuse_foreign, refuse_unmatched
+from tasks.plan import (
+    changed_inputs,
+    inspect_schemas,
+    make_plan,
+    output_status,
+    refuse_foreign,
+    refuse_unmatched,
+)
 
 SHARDS = 2
 
@@ -56,6 +72,39 @@ def test_an_optional_operation_matching_no_base_shard_is_refused_with_its_line(t
         f"operations[1] (merge_from_sidecar from {typo}) has required: false, but its source_prefix "
         f"{typo} does not exist: it would be skipped for all {SHARDS} base shards; check source_prefix for a "
         "typo, or remove the operation")
+
+
+def test_an_optional_operation_whose_prefix_holds_only_other_shards_is_refused_with_its_line(tmp_path):
+    """Its prefix exists but holds none of the base's relpaths: one extra sibling, every base shard missing one.
+    An operation reading no sibling has neither."""
+    setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS, ops=lambda p: [
+        dqm_op(p), watermark_op({"watermark": p["watermark"][:-1] + "_other/"}, required=False),
+        {"type": "drop_columns", "columns": ["width"]}])
+    other = setup.prefixes["watermark"][:-1] + "_other/"
+    base = sorted(storage.list_prefix(setup.prefixes["base"]).shards)
+    write_table(read_table(setup.prefixes["watermark"] + base[0]), other + "elsewhere/part-9.parquet")
+    plan = make_plan(job_for(setup))
+    assert (plan.extra_siblings(1), plan.missing_siblings(1)) == (["elsewhere/part-9.parquet"], base)
+    assert (plan.extra_siblings(2), plan.missing_siblings(2)) == ([], [])
+    with pytest.raises(ConfigError) as info:
+        refuse_unmatched(plan)
+    assert str(info.value) == (
+        f"operations[1] (merge_from_sidecar from {other}) has required: false, but its source_prefix "
+        f"{other} holds none of their relative paths: it would be skipped for all {SHARDS} base shards; check "
+        "source_prefix for a typo, or remove the operation")
+
+
+def test_base_keys_that_are_not_plain_relative_paths_are_refused_naming_one(tmp_path, s3_root):
+    """S3 keys may hold empty, '.' or '..' segments, which no output path may: the plan refuses the base."""
+    setup = build(tmp_path, s3_root, shards=SHARDS)
+    base = setup.prefixes["base"]
+    put_bytes(base + "2023//part-9.parquet", b"parquet or not")
+    with pytest.raises(ConfigError) as info:
+        make_plan(job_for(setup))
+    assert str(info.value) == (
+        f"main_prefix {base} holds 1 object key(s) that are not plain relative paths (an empty, '.' or '..' "
+        "segment), e.g. '2023//part-9.parquet'; outputs keep the base's relative paths, so rename or remove these "
+        "objects")
 
 
 def with_provenance(table: pa.Table, prov: dict) -> pa.Table:
@@ -145,6 +194,65 @@ def test_judging_existing_outputs_asks_s3_for_their_footers_only(tmp_path, s3_ro
                     and path.endswith(".parquet")]
     assert not [entry for entry in proxy.log if entry[0] == "HeadObject"], proxy.log
     assert output_reads and {op for op, _ in output_reads} == {"GetObject"}
+
+
+def test_the_predicted_schema_and_every_problem_of_the_sampled_shards(tmp_path):
+    """dqm (required), the watermark (optional), then a rename of a column of each, over seven shards (in
+    listing order): an unreadable base; a missing dqm sibling (the rename then misses its column: a failed
+    step explains nothing); a missing watermark sibling (skipped: the rename's column is explained, the shard's
+    schema not compared); an unreadable dqm sibling; a base with the image column (never in the output) and
+    metadata of its own; a plain one; one whose `width` has another type."""
+    ops = lambda p: [dqm_op(p), watermark_op(p, required=False),
+                     {"type": "rename_columns", "columns": {"watermark": "wm", "dqm_d1_v6_1": "dqm"}}]
+    setup = build(tmp_path, str(tmp_path / "data"), shards=7, rows=4, ops=ops, watermark_gap=False,
+                  extensions=FILTER_EXTENSIONS)
+    base, dqm = setup.prefixes["base"], setup.prefixes["dqm"]
+    unreadable, no_dqm, no_watermark, bad_dqm, first, _plain, other_type = sorted(
+        storage.list_prefix(base).shards)
+    put_bytes(base + unreadable, b"not parquet")
+    remove(dqm + no_dqm)
+    remove(setup.prefixes["watermark"] + no_watermark)
+    put_bytes(dqm + bad_dqm, b"not parquet either")
+    table = read_table(base + first)
+    image = pa.array([b"jpeg"] * table.num_rows, pa.binary())
+    write_table(table.append_column("image", image).replace_schema_metadata({"writer": "another"}), base + first)
+    table = read_table(base + other_type)
+    write_table(table.set_column(table.schema.get_field_index("width"), "width", table["width"].cast(pa.int64())),
+                base + other_type)
+
+    schema, problems = inspect_schemas(make_plan(job_for(setup)), 7)
+    dqm_step, rename_step = f"operations[0] (merge_from_sidecar from {dqm})", "operations[2] (rename_columns"
+    assert [line.split(": ")[0:2] for line in problems] == [
+        [f"shard {unreadable}", "base footer unreadable"],
+        [f"shard {no_dqm}", f"{dqm_step}"],
+        [f"shard {no_dqm}", f"{rename_step} watermark -> wm, dqm_d1_v6_1 -> dqm)"],
+        [f"shard {bad_dqm}", f"{dqm_step}"],
+        [f"shard {other_type}", "output schema differs from the first sampled shard's"]]
+    assert problems[0].startswith(f"shard {unreadable}: base footer unreadable: ArrowInvalid: ")
+    assert problems[1] == f"shard {no_dqm}: {dqm_step}: sibling shard missing"
+    assert "dqm_d1_v6_1" in problems[2] and "not in the table" in problems[2]
+    assert problems[3].startswith(f"shard {bad_dqm}: {dqm_step}: ArrowInvalid: ")
+    assert schema.names == [*table.schema.names, "dqm", "wm"]
+    assert schema.field("width").type == pa.int32()
+
+
+@pytest.mark.parametrize("listing, what", [(0, "main_prefix"), (1, "operations[0].source_prefix")])
+@pytest.mark.parametrize("fault", [DENIED, UNSUPPORTED])
+def test_a_listing_the_store_refuses_is_one_line_naming_the_prefix(tmp_path, s3_root, proxied,  # noqa: F811
+                                                                   monkeypatch, listing, what, fault):
+    """Every listing fails at its first request, with 403 (denied) or 501 (an error no retry mends): the plan
+    stops at the one that failed, naming the field and the prefix."""
+    setup = build(tmp_path, s3_root, shards=SHARDS)
+    job = job_for(setup)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    lists = itertools.count()
+    proxied(rate=1.0, faults=(fault,), applies=lambda op: op == "ListObjects" and next(lists) == listing)
+    prefix = setup.prefixes["base" if listing == 0 else "dqm"]
+    with pytest.raises(ConfigError) as info:
+        make_plan(job)
+    why = {DENIED: "access denied (Access Denied)",
+           UNSUPPORTED: "[Errno 38] A header you provided implies functionality that is not implemented"}[fault]
+    assert str(info.value) == f"cannot list {what} {prefix}: {why}"
 
 
 CURRENT = {"base": "b2", "operations": ["s1", "absent"]}
