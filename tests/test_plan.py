@@ -194,6 +194,9 @@ def test_judging_existing_outputs_asks_s3_for_their_footers_only(tmp_path, s3_ro
                     and path.endswith(".parquet")]
     assert not [entry for entry in proxy.log if entry[0] == "HeadObject"], proxy.log
     assert output_reads and {op for op, _ in output_reads} == {"GetObject"}
+    # One listing per prefix (base, three siblings, output); nothing asks whether the output's bucket exists.
+    lists = [path for op, path, _, _ in proxy.log if op == "ListObjects"]
+    assert len(lists) == 5 and {op for op, *_ in proxy.log} == {"ListObjects", "GetObject"}, proxy.log
 
 
 def test_the_predicted_schema_and_every_problem_of_the_sampled_shards(tmp_path):
@@ -236,7 +239,8 @@ def test_the_predicted_schema_and_every_problem_of_the_sampled_shards(tmp_path):
     assert schema.field("width").type == pa.int32()
 
 
-@pytest.mark.parametrize("listing, what", [(0, "main_prefix"), (1, "operations[0].source_prefix")])
+@pytest.mark.parametrize("listing, what", [(0, "main_prefix"), (1, "operations[0].source_prefix"),
+                                           (4, "output prefix")])
 @pytest.mark.parametrize("fault", [DENIED, UNSUPPORTED])
 def test_a_listing_the_store_refuses_is_one_line_naming_the_prefix(tmp_path, s3_root, proxied,  # noqa: F811
                                                                    monkeypatch, listing, what, fault):
@@ -247,7 +251,7 @@ def test_a_listing_the_store_refuses_is_one_line_naming_the_prefix(tmp_path, s3_
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     lists = itertools.count()
     proxied(rate=1.0, faults=(fault,), applies=lambda op: op == "ListObjects" and next(lists) == listing)
-    prefix = setup.prefixes["base" if listing == 0 else "dqm"]
+    prefix = {0: setup.prefixes["base"], 1: setup.prefixes["dqm"], 4: setup.output}[listing]
     with pytest.raises(ConfigError) as info:
         make_plan(job)
     why = {DENIED: "access denied (Access Denied)",
@@ -298,3 +302,5 @@ def test_existing_outputs_are_judged_complete_broken_or_replaced_with_why(tmp_pa
     other = Job(pipeline, setup.output, run_id="run-c", **overwrite_fields(True, "run-c", "run-z"))
     assert make_plan(other, True).replaced == [(intact, "not written by overwrite run-z"),
                                                (foreign, "not written by overwrite run-z")]
+    new = make_plan(Job(pipeline, setup.output, run_id="run-d", **overwrite_fields(True, "run-d")), True)
+    assert new.todo == [intact, short, garbage, foreign] and new.complete == []  # a new overwrite redoes all
