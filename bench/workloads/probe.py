@@ -37,7 +37,9 @@ def cli(args: list[str]) -> dict:
 
         s3trace.install(trace)
 
-    from flows.cli import main
+    from flows.cli import main, quiet_environment
+
+    quiet_environment(False)  # what main() sets before pyarrow loads (Arrow's memory pool), before tasks.merge does
     import flows.server
     import tasks.merge
 
