@@ -20,7 +20,6 @@ from tasks.errors import ConfigError, ShardError
 from tasks.summary import RunFailed
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
-MEMORY_POOL = "jemalloc"  # gives a shard's freed windows back to the system (tasks/windows.py)
 
 
 def quiet_environment(debug: bool) -> None:
@@ -29,9 +28,6 @@ def quiet_environment(debug: bool) -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("PREFECT_UI_ENABLED", "false" if not debug else "true")
-    # Before pyarrow is imported: all of Arrow's allocations, the parquet reader's included, from jemalloc (see
-    # tasks.windows.use_returning_memory_pool, which can only switch what pyarrow's Python layer allocates).
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", MEMORY_POOL)
     if not debug:
         # Prefect's own log level stays as configured (INFO by default), so every run and task log reaches the
         # API and the UI; flows/launch.py keeps those records off the console instead.

@@ -2,6 +2,10 @@
 windows and so the output's row groups, and anything but a number of MiB from 1 to 65536 is one line, exit 2."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pyarrow.parquet as pq
 import pytest
 
@@ -59,3 +63,17 @@ def test_a_budget_of_1_to_65536_mib_reaches_the_job(tmp_path, value):
     assert RunConfig.load(str(setup.pipeline), setup.output).window_bytes == {}
     with pytest.raises(ConfigError):
         RunConfig.load(str(setup.pipeline), setup.output, window_mib="64")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chosen, expected", [(None, "jemalloc"), ("system", "system")])
+def test_arrow_allocates_from_jemalloc_in_our_processes_unless_the_user_chose(chosen, expected):
+    """A flow run of a deployment imports flows.merge before anything imports pyarrow: Arrow's default pool (its
+    C++ allocations too, which pyarrow's set_memory_pool cannot reach) is jemalloc, or the one the user set."""
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if chosen:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = chosen
+    code = "import flows.merge, pyarrow as pa; print(pa.default_memory_pool().backend_name)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.strip() == expected
