@@ -177,6 +177,16 @@ def test_identity_changes_when_an_object_is_rewritten(any_root):
     assert read_table(uri).column("k").to_pylist() == [2] * 10
 
 
+def test_an_empty_shard_is_listed_with_its_size_zero(any_root):
+    """A 0-byte `*.parquet` object is a shard of size 0 (Listing.empty_shards: the plan reports it)."""
+    same_size_rewrite(any_root + "shard/part-0.parquet", 1)
+    fs, path = storage.filesystem(any_root + "shard/empty.parquet")
+    fs.pipe_file(path, b"")
+    listing = storage.list_prefix(any_root)
+    assert listing.empty_shards == ["shard/empty.parquet"]
+    assert listing.shards["shard/empty.parquet"] == 0 and listing.shards["shard/part-0.parquet"] > 0
+
+
 def test_listing_of_a_missing_prefix(any_root):
     listing = storage.list_prefix(any_root + "nothing-here/")
     assert listing.shards == {} and listing.others == ()
