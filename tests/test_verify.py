@@ -326,7 +326,7 @@ def test_cli_failure_names_shard_and_check(merged, cli, prefect_api, tmp_path):
     assert [f["path"] for c in data["checks"] if c["name"] == SHARD_SET for f in c["failures"]] == [rel]
 
 
-def test_cli_configuration_errors(cli, pristine, tmp_path):
+def test_cli_configuration_errors(cli, prefect_api, pristine, tmp_path):
     pipeline, out = pristine
     code, _, stderr = cli("verify", pipeline)
     assert code == 2 and stderr.strip() == "error: verify needs --output-prefix: the all-in-one sidecar to check"

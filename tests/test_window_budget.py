@@ -46,7 +46,7 @@ def test_the_budget_sizes_the_windows_and_so_the_output_row_groups(run, tmp_path
 
 
 @pytest.mark.parametrize("value", ["0", "0.5", "nan", "inf", "-1", str(MAX_WINDOW_MIB + 1)])
-def test_any_other_budget_is_one_line_exit_2_and_nothing_written(cli, tmp_path, value):
+def test_any_other_budget_is_one_line_exit_2_and_nothing_written(cli, prefect_api, tmp_path, value):
     setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=10)
     code, out, err = cli("run", setup.pipeline, "--output-prefix", setup.output, "--window-mib", value)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
