@@ -5,14 +5,20 @@ What only a flow run can reach shows as "no test reaches it" in the score (tests
 
 mutmut runs each mutant's tests in a process forked from one that has run tests before: fsspec's event loop
 and our cached S3 filesystem are not fork-safe ("This class is not fork-safe" fails every S3 test, which
-mutmut would count as a kill), so each session starts them afresh."""
+mutmut would count as a kill), so each session starts them afresh. A mutant that allocates without end (a directory walk that never ends) meets
+an address-space limit and fails with MemoryError, a kill, instead of taking the machine's memory."""
 from __future__ import annotations
 
 FLOW_FIXTURES = {"prefect_api", "run"}
+ADDRESS_SPACE = 8 << 30
 
 
 def pytest_sessionstart(session):
+    import resource
+
     import fsspec.asyn
+
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
     from tasks.storage import s3
 
