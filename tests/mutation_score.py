@@ -6,9 +6,13 @@ mutant, the fast-tier tests that reach the mutated function; its results live in
 triage file tests/mutation-survivors.txt and prints, per module: mutants generated, killed, survived and triaged
 as equivalent, survived untriaged, and the score (killed / generated: an equivalent is not a kill).
 
-Triage files (tests/mutation_survivors/<module>.txt), one surviving mutant a line:
-`<mutant name>  equivalent  <why, one line>`; `mutmut show <mutant name>` prints the change. A survivor that is
-not equivalent gets a test that kills it instead. A line naming a mutant that no longer survives (killed now,
+Triage files (tests/mutation_survivors/<module>.txt), one surviving mutant a line, either
+`<mutant name>  equivalent  <why, one line>` or `<mutant name>  killed-by  <test node id>`; `mutmut show <mutant
+name>` prints the change. A survivor that is not equivalent gets a test that kills it instead. mutmut runs only
+the mutation tier (tests/mutation_tier.py: the fast tests); a mutant only a slower test kills (a subprocess, a
+signal, a flow run) is recorded `killed-by` that test, counted as killed, and proven by `--confirm-kills`, which
+runs each such test against its mutant (mutmut's trampoline in mutants/, a fresh process, the whole suite's
+plugins) and fails unless the test fails. A line naming a mutant that no longer survives (killed now,
 or gone after a code change) is stale: reported, and an error with --check. Not collected by pytest (no `test_` prefix).
 
     python tests/mutation_score.py                # the table, the untriaged survivors, stale triage lines
@@ -16,11 +20,15 @@ or gone after a code change) is stale: reported, and an error with --check. Not 
     python tests/mutation_score.py --check        # exit 1 unless every module >= GOAL and nothing untriaged
     python tests/mutation_score.py --retest-survivors   # after adding tests: the next `make mutate` re-tests
                                                         # every survivor (mutmut keeps a verdict otherwise)
+    python tests/mutation_score.py --confirm-kills      # run every `killed-by` line's test against its mutant
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import subprocess
 import sys
 import tomllib
 from collections import Counter
@@ -72,24 +80,47 @@ def retest_survivors(mutants: Path) -> int:
     return forgotten
 
 
-def triage() -> dict[str, str]:
-    """mutant name -> why it is equivalent, from every triage file."""
-    return {name: why for path in sorted(TRIAGE.glob("*.txt")) for name, why in triage_file(path).items()}
+VERDICTS = ("equivalent", "killed-by")
 
 
-def triage_file(path: Path) -> dict[str, str]:
+def triage() -> dict[str, tuple[str, str]]:
+    """mutant name -> (verdict, why or test node id), from every triage file."""
+    return {name: entry for path in sorted(TRIAGE.glob("*.txt")) for name, entry in triage_file(path).items()}
+
+
+def triage_file(path: Path) -> dict[str, tuple[str, str]]:
     out = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         name, verdict, *why = line.split(None, 2) + [""]
-        if verdict != "equivalent" or not why[0]:
-            sys.exit(f"{path.relative_to(ROOT)}:{number}: expected '<mutant>  equivalent  <why>', got {line!r}")
-        out[name] = why[0]
+        if verdict not in VERDICTS or not why[0]:
+            sys.exit(f"{os.path.relpath(path, ROOT)}:{number}: expected '<mutant>  equivalent  <why>' or "
+                     f"'<mutant>  killed-by  <test node id>', got {line!r}")
+        out[name] = (verdict, why[0].strip())
     return out
 
 
-def score(modules_: list[str], found: dict, equivalent: dict[str, str]) -> tuple[list[dict], list[str], list[str]]:
+def confirm_kills(mutants: Path, triaged: dict[str, tuple[str, str]]) -> list[str]:
+    """Run each `killed-by` test against its mutant; the names of those the test did not kill. The tests are this
+    checkout's (copied over mutmut's copy, which is as old as its last run)."""
+    shutil.copytree(ROOT / "tests", mutants / "tests", dirs_exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": f"{mutants.resolve()}{os.pathsep}{(mutants / 'tests').resolve()}"}
+    alive = []
+    for name, (verdict, test) in triaged.items():
+        if verdict != "killed-by":
+            continue
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test],
+                             cwd=mutants, env={**env, "MUTANT_UNDER_TEST": name}, capture_output=True, text=True,
+                             check=False)
+        print(f"{'killed' if run.returncode == 1 else 'NOT KILLED'}  {name}  by {test}", flush=True)
+        if run.returncode != 1:
+            alive.append(name)
+    return alive
+
+
+def score(modules_: list[str], found: dict, triaged: dict[str, tuple[str, str]]
+          ) -> tuple[list[dict], list[str], list[str]]:
     rows, untriaged, seen = [], [], set()
     for module in modules_:
         codes = found.get(module, {})
@@ -100,7 +131,10 @@ def score(modules_: list[str], found: dict, equivalent: dict[str, str]) -> tuple
                 counts["killed"] += 1
             elif code in NOT_RUN:
                 counts["not run"] += 1
-            elif name in equivalent:
+            elif name in triaged and triaged[name][0] == "killed-by":
+                counts["killed"] += 1
+                counts["by slower tests"] += 1
+            elif name in triaged:
                 counts["equivalent"] += 1
             else:
                 counts["untriaged"] += 1
@@ -110,7 +144,7 @@ def score(modules_: list[str], found: dict, equivalent: dict[str, str]) -> tuple
         total = len(codes)
         rows.append({"module": module, "generated": total, **counts,
                      "score": counts["killed"] / total if total else 1.0})
-    stale = [name for name in equivalent if name not in seen or found_code(found, name) in KILLED]
+    stale = [name for name in triaged if name not in seen or found_code(found, name) in KILLED]
     return rows, untriaged, stale
 
 
@@ -119,14 +153,18 @@ def found_code(found: dict, name: str):
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| module | mutants | killed | equivalent | untriaged | not run | score |", "|---|---|---|---|---|---|---|"]
+    lines = ["| module | mutants | killed | of which by slower tests | equivalent | untriaged | not run | score |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         verdict = "" if r["score"] >= GOAL and not r.get("untriaged") and not r.get("not run") else " (below goal)"
-        lines.append(f"| `{r['module']}` | {r['generated']} | {r.get('killed', 0)} | {r.get('equivalent', 0)} | "
+        lines.append(f"| `{r['module']}` | {r['generated']} | {r.get('killed', 0)} | {r.get('by slower tests', 0)} | "
+                     f"{r.get('equivalent', 0)} | "
                      f"{r.get('untriaged', 0)} | {r.get('not run', 0)} | {r['score']:.0%}{verdict} |")
-    total = {k: sum(r.get(k, 0) for r in rows) for k in ("generated", "killed", "equivalent", "untriaged", "not run")}
+    keys = ("generated", "killed", "by slower tests", "equivalent", "untriaged", "not run")
+    total = {k: sum(r.get(k, 0) for r in rows) for k in keys}
     share = total["killed"] / total["generated"] if total["generated"] else 1.0
-    lines.append(f"| all | {total['generated']} | {total['killed']} | {total['equivalent']} | {total['untriaged']} | "
+    lines.append(f"| all | {total['generated']} | {total['killed']} | {total['by slower tests']} | "
+                 f"{total['equivalent']} | {total['untriaged']} | "
                  f"{total['not run']} | {share:.0%} |")
     return "\n".join(lines)
 
@@ -137,12 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--mutants", type=Path, default=MUTANTS, help="mutmut's results folder (default: mutants/)")
     parser.add_argument("--retest-survivors", action="store_true")
+    parser.add_argument("--confirm-kills", action="store_true")
     args = parser.parse_args(argv)
     if not args.mutants.exists():
         sys.exit(f"no {args.mutants}: run `make mutate` (mutmut run) first")
     if args.retest_survivors:
         print(f"{retest_survivors(args.mutants)} survivors will be tested again by the next `make mutate`")
         return 0
+    if args.confirm_kills:
+        alive = confirm_kills(args.mutants, triage())
+        print(f"{len(alive)} `killed-by` lines whose test did not kill the mutant" if alive else "every kill confirmed")
+        return 1 if alive else 0
     rows, untriaged, stale = score(modules(), results(args.mutants), triage())
     text = table(rows)
     print(text)
