@@ -13,7 +13,14 @@ CreateMultipartUpload went through it (even when its reply is then dropped) and 
 ListMultipartUploads replies; `proxy.age(upload_id, seconds)` makes one older. An upload created behind the
 proxy's back keeps moto's time. `proxy.unheard` holds the ids of uploads whose creation reply was dropped.
 And where moto answers a part or a completion of an upload that is gone (aborted, completed) with a 500 (a
-KeyError inside it), the proxy answers as S3 does: 404 NoSuchUpload.
+KeyError inside it), the proxy answers as S3 does: 404 NoSuchUpload. moto lists every pending upload in one reply;
+with `page_size` the proxy answers in pages as S3 does past 1,000 (IsTruncated, NextKeyMarker/NextUploadIdMarker,
+the next page after the markers a request names, in moto's order). `proxy.undated` holds ids reported without an
+`Initiated`, as a store that omits it would.
+
+`proxy.sent` holds every request's operation and headers (lower-cased names), with the body of each
+CompleteMultipartUpload (its list of parts); `edit_reply(operation, headers)` returns the headers a successful
+reply goes back with (a store that echoes no checksum, or one whose ETags are no MD5, as under SSE-KMS).
 
 A `Hold` makes a chosen request wait, without any timing: the proxy sets `hold.arrived` when the first
 matching request comes in and keeps it (and any later match) until `hold.release` is set. A test waits for
@@ -106,7 +113,8 @@ class FaultProxy:
 
     def __init__(self, upstream: str, rate: float = 0.1, seed: int = 0, faults: tuple[str, ...] = FAULTS,
                  applies: Callable[[str], bool] = lambda op: True, slow_seconds: float = 0.3,
-                 host: str = "127.0.0.1", hold: Hold | None = None):
+                 host: str = "127.0.0.1", hold: Hold | None = None, page_size: int | None = None,
+                 edit_reply: Callable[[str, list[tuple[str, str]]], list[tuple[str, str]]] | None = None):
         unknown = set(faults) - {*FAULTS, CORRUPT, DENIED, UNSUPPORTED}
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULTS)}, {CORRUPT}, "
@@ -114,13 +122,15 @@ class FaultProxy:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
         self.rate, self.faults, self.applies, self.slow_seconds = rate, tuple(faults), applies, slow_seconds
-        self.hold = hold
+        self.hold, self.page_size, self.edit_reply = hold, page_size, edit_reply
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.stats: Counter = Counter()  # (fault or "ok", operation) -> count
         self.log: list[tuple[str, str, str | None, int]] = []  # forwarded: (operation, path, Range, reply bytes)
         self.initiated: dict[str, float] = {}  # upload id -> POSIX time its CreateMultipartUpload went through
         self.unheard: set[str] = set()  # upload ids whose CreateMultipartUpload reply was dropped
+        self.undated: set[str] = set()  # upload ids listed without an Initiated
+        self.sent: list[tuple[str, dict[str, str], bytes]] = []  # (operation, headers, completion's body)
         self._server = ThreadingHTTPServer((host, 0), self._handler_class())
         self._server.daemon_threads = True
         self.url = f"http://{host}:{self._server.server_address[1]}"
@@ -155,8 +165,9 @@ class FaultProxy:
         finally:
             conn.close()
 
-    def stamped(self, op: str, status: int, data: bytes, dropped: bool) -> bytes:
-        """The reply to pass on: a created upload's time recorded, a listing's `Initiated` times replaced."""
+    def stamped(self, op: str, status: int, data: bytes, dropped: bool, path: str = "") -> bytes:
+        """The reply to pass on: a created upload's time recorded, a listing's `Initiated` times replaced (and
+        the listing cut to one page with `page_size`)."""
         if op == "CreateMultipartUpload" and status == 200:
             upload_id = re.search(rb"<UploadId>(.*?)</UploadId>", data).group(1).decode()
             with self._lock:
@@ -164,14 +175,38 @@ class FaultProxy:
                 if dropped:
                     self.unheard.add(upload_id)
         if op == "ListMultipartUploads" and status == 200:
+            if self.page_size is not None:
+                data = self.page(data, path)
             data = re.sub(rb"<Upload>.*?</Upload>", self._restamp, data, flags=re.S)
         return data
+
+    def page(self, data: bytes, path: str) -> bytes:
+        """The page of a ListMultipartUploads reply after the request's key-marker and upload-id-marker."""
+        query = parse_qs(urlsplit(path).query)
+        uploads = re.findall(rb"<Upload>.*?</Upload>", data, flags=re.DOTALL)
+        ids = [(re.search(rb"<Key>(.*?)</Key>", u).group(1).decode(),
+                re.search(rb"<UploadId>(.*?)</UploadId>", u).group(1).decode()) for u in uploads]
+        marker = (query.get("key-marker", [""])[0], query.get("upload-id-marker", [""])[0])
+        start = ids.index(marker) + 1 if marker in ids else 0
+        end = start + self.page_size
+        listed = b"".join(uploads[start:end])
+        if end < len(uploads):
+            key, upload_id = ids[end - 1]
+            listed += (f"<NextKeyMarker>{key}</NextKeyMarker>"
+                       f"<NextUploadIdMarker>{upload_id}</NextUploadIdMarker>").encode()
+        data = re.sub(rb"<Upload>.*?</Upload>", b"", data, flags=re.DOTALL)
+        data = data.replace(b"<IsTruncated>false</IsTruncated>", f"<IsTruncated>{str(end < len(uploads)).lower()}"
+                            f"</IsTruncated>".encode())
+        return data.replace(b"</ListMultipartUploadsResult>", listed + b"</ListMultipartUploadsResult>")
 
     def _restamp(self, upload: re.Match) -> bytes:
         text = upload.group(0)
         upload_id = re.search(rb"<UploadId>(.*?)</UploadId>", text).group(1).decode()
         with self._lock:
             when = self.initiated.get(upload_id)
+            undated = upload_id in self.undated
+        if undated:
+            return re.sub(rb"<Initiated>.*?</Initiated>", b"", text)
         if when is None:
             return text
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + f".{int(when % 1 * 1000):03d}Z"
@@ -239,6 +274,9 @@ class FaultProxy:
             def _handle(self) -> None:
                 op = operation(self.command, self.path)
                 body = self._body()
+                with proxy._lock:
+                    proxy.sent.append((op, {k.lower(): v for k, v in self.headers.items()},
+                                       body if op == "CompleteMultipartUpload" else b""))
                 if proxy.hold is not None:
                     proxy.hold(op, urlsplit(self.path).path, self.client_address[0])
                 fault = proxy.choose(op)
@@ -263,7 +301,9 @@ class FaultProxy:
                     data = ERROR_BODY.format(code="NoSuchUpload", message="The specified upload does not exist. "
                                              "The upload ID may be invalid, or the upload may have been aborted or "
                                              "completed.").encode()
-                data = proxy.stamped(op, status, data, dropped=fault == "reset_after")
+                data = proxy.stamped(op, status, data, dropped=fault == "reset_after", path=self.path)
+                if proxy.edit_reply is not None and status == 200:
+                    headers = proxy.edit_reply(op, headers)
                 with proxy._lock:
                     proxy.log.append((op, urlsplit(self.path).path, self.headers.get("Range"), len(data)))
                 if fault == "reset_after":  # moto did the work; the client never hears of it

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 import types
+from datetime import UTC, datetime
 
 import pytest
 from faultproxy import DENIED, proxied  # noqa: F401 (a fixture)
@@ -99,3 +100,55 @@ def test_aborting_an_upload_already_gone_is_fine(s3_root, moto_endpoint, proxied
         s3_backend.abort_upload(storage._s3(), bucket, "out/part-0.parquet", upload)
     assert proxy.stats[("ok", "AbortMultipartUpload")] == 2
     assert no_sleep == [] and not caplog.records
+
+
+T = 1_700_000_000.0  # a whole second: the proxy reports it to the millisecond, exactly
+
+
+def uploads_at(proxy, s3_root: str, ages: dict[str, float | None]) -> dict[str, str]:
+    """key -> upload id of an upload started (by the store's clock, as the proxy reports it) `age` seconds before
+    T, in this order; an age of None: listed without an Initiated."""
+    ids = {}
+    for key, age in ages.items():
+        ids[key] = start_upload(s3_root, key)[1]
+        if age is None:
+            proxy.undated.add(ids[key])
+        else:
+            proxy.initiated[ids[key]] = T - age
+    return ids
+
+
+def stamp(age: float) -> str:
+    return str(datetime.fromtimestamp(T - age, UTC))
+
+
+def listing_budget(n: int):
+    """An `applies` that refuses (403) every ListMultipartUploads after the first n: a listing that asks again and
+    again for the same page fails instead of looping."""
+    asked = iter(range(n))
+    return lambda op: op == "ListMultipartUploads" and next(asked, None) is None
+
+
+def test_pending_uploads_lists_every_page_under_the_prefix_only(s3_root, proxied):  # noqa: F811
+    """Five uploads under out/, two pages of two and one of one (S3 pages past 1,000, moto never: the proxy
+    does), each with its key, id and the store's `Initiated` ("" where the store gives none); the upload under
+    other/ is not listed."""
+    proxy = proxied(page_size=2, rate=1.0, faults=(DENIED,), applies=listing_budget(3))
+    ages = {"out/a": None, "out/b": 1, "out/c": 2, "out/d": 3, "out/e": 4}
+    ids = uploads_at(proxy, s3_root, {**ages, "other/f": 5})
+    assert storage.pending_uploads(s3_root + "out/") == [
+        (key, ids[key], "" if age is None else stamp(age)) for key, age in ages.items()]
+    assert proxy.stats[("ok", "ListMultipartUploads")] == 3
+
+
+def test_the_sweep_aborts_exactly_the_uploads_older_than_the_threshold(s3_root, moto_endpoint, proxied,  # noqa: F811
+                                                                       monkeypatch):
+    """By the store's `Initiated` against a clock an hour past T: an upload the store gives no time is kept (and
+    does not stop the sweep), one exactly as old as the threshold is kept, older ones are aborted and counted;
+    an upload outside the prefix is never looked at."""
+    proxy = proxied()
+    ids = uploads_at(proxy, s3_root, {"out/a": None, "out/b": 0, "out/c": 0.001, "out/d": 2, "other/e": 3})
+    monkeypatch.setattr(s3_backend, "time", types.SimpleNamespace(time=lambda: T + 3600, sleep=time.sleep))
+    assert storage.sweep_stale(s3_root + "out/", older_than_seconds=3600) == 2
+    left = {u["UploadId"] for u in pending_uploads(moto_endpoint, s3_root)}
+    assert left == {ids["out/a"], ids["out/b"], ids["other/e"]}
