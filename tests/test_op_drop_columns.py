@@ -71,11 +71,12 @@ def test_yaml_builds_the_operation_and_its_fingerprint(tmp_path):
 
 @pytest.mark.parametrize("columns, message", [
     (["image_key"], "'image_key' is the dataset's key_column"),
-    (["s3_image_path"], r"'s3_image_path' is the key column of operations\[2\] \(merge_from_sidecar from \S+\): rows "
-                        r"are aligned by it, so it cannot be dropped$"),
-    (["image"], r"'image' is the dataset's image_column: it is never in the output \(a sidecar carries no image "
-                r"bytes\), there is nothing to drop$"),
-    (["filter_luma"], "'filter_luma' is declared in the dataset's schema_extensions: remove it there to drop it"),
+    (["s3_image_path"], (r"'s3_image_path' is the key column of operations\[2\] \(merge_from_sidecar from \S+\): "
+                         r"rows are aligned by it, so it cannot be dropped$")),
+    (["image"], (r"'image' is the dataset's image_column: it is never in the output \(a sidecar carries no image "
+                 r"bytes\), there is nothing to drop$")),
+    (["filter_luma"], ("'filter_luma' is declared in the dataset's schema_extensions: remove it there to drop it "
+                      "from the output$")),
     ([], "must list at least one column to drop"),
     (["width", "width"], "lists a column twice"),
     (["width", ""], r"columns\[1\] must be a non-empty column name"),
