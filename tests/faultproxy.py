@@ -20,7 +20,8 @@ the next page after the markers a request names, in moto's order). `proxy.undate
 
 `proxy.sent` holds every request's operation and headers (lower-cased names), with the body of each
 CompleteMultipartUpload (its list of parts); `edit_reply(operation, headers)` returns the headers a successful
-reply goes back with (a store that echoes no checksum, or one whose ETags are no MD5, as under SSE-KMS).
+reply goes back with (a store that echoes no checksum, or one whose ETags are no MD5, as under SSE-KMS), and
+`edit_request(operation, body)` the body moto is given (such a store's ETags named back in a completion).
 
 A `Hold` makes a chosen request wait, without any timing: the proxy sets `hold.arrived` when the first
 matching request comes in and keeps it (and any later match) until `hold.release` is set. A test waits for
@@ -114,7 +115,8 @@ class FaultProxy:
     def __init__(self, upstream: str, rate: float = 0.1, seed: int = 0, faults: tuple[str, ...] = FAULTS,
                  applies: Callable[[str], bool] = lambda op: True, slow_seconds: float = 0.3,
                  host: str = "127.0.0.1", hold: Hold | None = None, page_size: int | None = None,
-                 edit_reply: Callable[[str, list[tuple[str, str]]], list[tuple[str, str]]] | None = None):
+                 edit_reply: Callable[[str, list[tuple[str, str]]], list[tuple[str, str]]] | None = None,
+                 edit_request: Callable[[str, bytes], bytes] | None = None):
         unknown = set(faults) - {*FAULTS, CORRUPT, DENIED, UNSUPPORTED}
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULTS)}, {CORRUPT}, "
@@ -122,7 +124,7 @@ class FaultProxy:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
         self.rate, self.faults, self.applies, self.slow_seconds = rate, tuple(faults), applies, slow_seconds
-        self.hold, self.page_size, self.edit_reply = hold, page_size, edit_reply
+        self.hold, self.page_size, self.edit_reply, self.edit_request = hold, page_size, edit_reply, edit_request
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.stats: Counter = Counter()  # (fault or "ok", operation) -> count
@@ -277,6 +279,8 @@ class FaultProxy:
                 with proxy._lock:
                     proxy.sent.append((op, {k.lower(): v for k, v in self.headers.items()},
                                        body if op == "CompleteMultipartUpload" else b""))
+                if proxy.edit_request is not None:
+                    body = proxy.edit_request(op, body)
                 if proxy.hold is not None:
                     proxy.hold(op, urlsplit(self.path).path, self.client_address[0])
                 fault = proxy.choose(op)

@@ -4,14 +4,20 @@ moto through tests/faultproxy.py, which fails chosen requests and plays the S3 b
 real `Initiated`, pages of uploads)."""
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
+import os
+import re
+import threading
 import time
 import types
+import zlib
 from datetime import UTC, datetime
 
 import pytest
-from faultproxy import DENIED, proxied  # noqa: F401 (a fixture)
-from reliability_fixtures import pending_uploads
+from faultproxy import DENIED, Hold, proxied  # noqa: F401 (a fixture)
+from reliability_fixtures import allow_small_parts, pending_uploads
 
 from tasks import storage
 from tasks.storage import s3 as s3_backend
@@ -152,3 +158,104 @@ def test_the_sweep_aborts_exactly_the_uploads_older_than_the_threshold(s3_root, 
     assert storage.sweep_stale(s3_root + "out/", older_than_seconds=3600) == 2
     left = {u["UploadId"] for u in pending_uploads(moto_endpoint, s3_root)}
     assert left == {ids["out/a"], ids["out/b"], ids["other/e"]}
+
+
+def crc32(body: bytes) -> str:
+    return base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode()
+
+
+def without(name: str, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in headers if k.lower() != name]
+
+
+def no_crc_echo(op: str, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A store that checks the CRC32 sent with a part but does not echo it."""
+    return without("x-amz-checksum-crc32", headers) if op == "UploadPart" else headers
+
+
+def kms_etags(op: str, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Also under SSE-KMS: a part's ETag is no MD5 (here the MD5 reversed, which kms_completion turns back)."""
+    if op != "UploadPart":
+        return headers
+    etag = next(v for k, v in headers if k.lower() == "etag").strip('"')
+    return [*without("etag", no_crc_echo(op, headers)), ("ETag", f'"{etag[::-1]}"'),
+            ("x-amz-server-side-encryption", "aws:kms")]
+
+
+def kms_completion(op: str, body: bytes) -> bytes:
+    if op != "CompleteMultipartUpload":
+        return body
+    return re.sub(rb'<ETag>"(\w+)"</ETag>', lambda m: b'<ETag>"%s"</ETag>' % m.group(1)[::-1], body)
+
+
+@pytest.fixture
+def three_parts(monkeypatch) -> bytes:
+    """A payload that goes up as a multipart upload of three parts (600, 600 and 300 bytes), botocore adding no
+    checksum the code does not ask for."""
+    allow_small_parts(monkeypatch)
+    monkeypatch.setattr(s3_backend, "MULTIPART_THRESHOLD", 1000)
+    monkeypatch.setattr(s3_backend, "PART_SIZE", 600)
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+    return os.urandom(1500)
+
+
+@pytest.mark.parametrize("store, proven", [("plain", True), ("no CRC32 echo", True), ("SSE-KMS", False)])
+def test_a_multipart_upload_sends_a_crc32_with_every_part_and_names_them_in_the_completion(
+        s3_root, proxied, three_parts, store, proven):  # noqa: F811
+    """Every request of the upload carries a CRC32 the store checks the body against (CreateMultipartUpload
+    declares it, each part sends its own), the completion names each part's ETag and the CRC32 the store echoed
+    (none where it echoes none). The payload is handed back only where every part's reply proves the store holds
+    exactly it: a part under SSE-KMS with no CRC32 echoed proves nothing (the caller reads the object back)."""
+    data = three_parts
+    edits = {"plain": {}, "no CRC32 echo": {"edit_reply": no_crc_echo},
+             "SSE-KMS": {"edit_reply": kms_etags, "edit_request": kms_completion}}[store]
+    proxy = proxied(**edits)
+    uri = s3_root + "out/part-0.parquet"
+    written = s3_backend.S3Backend().write_parquet(lambda sink: sink.write(data), uri)
+    assert written.size == len(data)
+    assert (written.payload.to_pybytes() if written.payload is not None else None) == (data if proven else None)
+    assert storage._s3().cat_file(uri[len("s3://"):]) == data
+    sent = {op: [h for o, h, _ in proxy.sent if o == op] for op in ("CreateMultipartUpload", "UploadPart")}
+    assert [h.get("x-amz-checksum-algorithm") for h in sent["CreateMultipartUpload"]] == ["CRC32"]
+    parts = [data[:600], data[600:1200], data[1200:]]
+    assert [(h.get("x-amz-sdk-checksum-algorithm"), h.get("x-amz-checksum-crc32")) for h in sent["UploadPart"]] == [
+        ("CRC32", crc32(part)) for part in parts]
+    completion, = [body for op, _, body in proxy.sent if op == "CompleteMultipartUpload"]
+    md5s = [hashlib.md5(part).hexdigest() for part in parts]
+    echoed = store == "plain"
+    assert completion.decode() == (
+        '<CompleteMultipartUpload xmlns="http://s3.amazonaws.com/doc/2006-03-01/">' + "".join(
+            f'<Part><PartNumber>{n}</PartNumber><ETag>"{md5 if store != "SSE-KMS" else md5[::-1]}"</ETag>'
+            + (f"<ChecksumCRC32>{crc32(part)}</ChecksumCRC32>" if echoed else "") + "</Part>"
+            for n, (md5, part) in enumerate(zip(md5s, parts, strict=True), 1)) + "</CompleteMultipartUpload>")
+
+
+def test_a_write_abandoned_while_its_upload_is_being_created_sends_no_part(s3_root, moto_endpoint, proxied,  # noqa: F811
+                                                                          three_parts):
+    """abandon_writes() comes while CreateMultipartUpload is in flight (held at the proxy): there is no upload id
+    to abort yet, so the writer aborts the upload as soon as the reply names it and fails (WriteAbandoned)
+    without sending a part; nothing is left."""
+    hold = Hold(lambda op, path, client: op == "CreateMultipartUpload")
+    proxy = proxied(hold=hold)
+    uri = s3_root + "out/part-0.parquet"
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            s3_backend.S3Backend().write_parquet(lambda sink: sink.write(three_parts), uri)
+        except OSError as exc:
+            failed.append(exc)
+
+    writer = threading.Thread(target=write, name="abandoned-write")
+    writer.start()
+    try:
+        assert hold.arrived.wait(60), "the upload was never created"
+        assert storage.abandon_writes() == 1
+    finally:
+        hold.release.set()
+        writer.join(60)
+    error, = failed
+    assert isinstance(error, storage.WriteAbandoned), repr(error)
+    sent = [op for op, _, _ in proxy.sent]
+    assert sent[:2] == ["CreateMultipartUpload", "AbortMultipartUpload"] and "UploadPart" not in sent, sent
+    assert pending_uploads(moto_endpoint, s3_root) == []
