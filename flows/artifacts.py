@@ -42,6 +42,9 @@ def summary_rows(summary: Summary) -> list[dict[str, str]]:
         value = getattr(summary, f.name)
         if f.name in ("output_prefix", "failed"):
             continue
+        if isinstance(value, bool):
+            rows.append({"item": f.name.replace("_", " "), "value": "yes" if value else "no"})
+            continue
         if isinstance(value, (str, type(None))):
             if value:
                 rows.append({"item": f.name.replace("_", " "), "value": value})

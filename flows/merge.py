@@ -1,5 +1,5 @@
-"""The merge flow: plan -> per shard: one task streaming every operation, the write and its check (or a chain of
-one task per operation, the last writing and checking) -> summary.
+"""The merge flow: one listing task per prefix -> plan -> per shard: one task streaming every operation, the write
+and its check (or a chain of one task per operation, the last writing and checking) -> the run's check -> summary.
 
 Run it with `sidecar-ops run PIPELINE.yaml ...` or `python flows/merge.py PIPELINE.yaml ...`.
 """
@@ -14,14 +14,15 @@ from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelled, State
 
 from flows.artifacts import ProgressArtifact, publish_summary
-from flows.runconfig import DEFAULT_MAX_INFLIGHT, DEFAULT_RETRIES, RunConfig, RunnerChoice
 from flows.interrupt import DEFAULT_GRACE, Interruption, Stop, grace_seconds, handling
+from flows.runconfig import DEFAULT_MAX_INFLIGHT, DEFAULT_RETRIES, RunConfig, RunnerChoice
 from flows.scheduler import Window, make_runner, run_window
-from tasks.merge import Job, now_utc, overwrite_fields
-from tasks.plan import Plan, make_plan, refuse_foreign, refuse_unmatched
-from tasks.prefect_tasks import fused_shard, merge_step
+from tasks.merge import Job, ShardStats, now_utc, overwrite_fields
+from tasks.plan import Plan, list_or_refuse, make_plan, prefixes, refuse_foreign, refuse_unmatched
+from tasks.prefect_tasks import RunOutcome, fused_shard, list_shards, merge_step, verify_run
 from tasks.progress import Progress
-from tasks.storage import abandon_writes, sweep_stale
+from tasks.runcheck import RunCheckFailed
+from tasks.storage import Listing, abandon_writes, sweep_stale
 from tasks.summary import RunFailed, Summary
 
 PLAN_LINES = 20  # untrusted outputs named one per log line; the rest are counted
@@ -62,15 +63,24 @@ class ShardSteps:
         return futures
 
 
+def list_prefixes(job: Job) -> dict[str, Listing]:
+    """One listing task per prefix the plan needs (the base, each input, the output), all at once; a listing
+    the store refuses is one line (ConfigError)."""
+    futures = {prefix: list_shards.submit(prefix, what) for prefix, what in prefixes(job).items()}
+    return {prefix: list_or_refuse(prefix, prefixes(job)[prefix], future.result)
+            for prefix, future in futures.items()}
+
+
 def run_shards(steps: ShardSteps, todo: list[str], config: RunConfig, summary: Summary, progress: Progress,
-               ui: ProgressArtifact, logger, stop: Stop, window: Window) -> None:
-    """Every shard to do through the scheduler's window; each finished one is counted, logged and shown.
-    A failure under --fail-fast, or a signal, stops new submissions (`stop`)."""
+               ui: ProgressArtifact, logger, stop: Stop, window: Window, merged: dict[str, ShardStats]) -> None:
+    """Every shard to do through the scheduler's window; each finished one is counted (in `merged` by relpath
+    too), logged and shown. A failure under --fail-fast, or a signal, stops new submissions (`stop`)."""
     for done in run_window(todo, steps.submit, config.max_inflight, stop, window):
         relpath = done.item
         if done.ok:
             stats = done.result()
             summary.add(stats)
+            merged[relpath] = stats
             progress.update(done=1, rows=stats.rows)
             skipped = f", {stats.skipped_ops} operation(s) skipped (no sibling)" if stats.skipped_ops else ""
             logger.info("shard %s merged: %d rows, %d bytes%s", relpath, stats.rows, stats.bytes, skipped)
@@ -128,7 +138,7 @@ def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
               fetch_ahead=steps_share_a_process(config), **config.window_bytes,
               **overwrite_fields(config.overwrite, this_run, config.continue_overwrite, config.overwrite_before))
     with stop.nothing_written():  # a signal while planning ends the run at once
-        plan = make_plan(job, overwrite=config.overwrite)
+        plan = make_plan(job, overwrite=config.overwrite, listings=list_prefixes(job))
         refuse_unmatched(plan)
         if not config.overwrite:
             refuse_foreign(plan)
@@ -144,11 +154,11 @@ def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
     ui = ProgressArtifact("merge-progress", summary.total,
                           f"shards finished of {summary.total}: {config.output_prefix}")
     ui.update(summary.skipped)
-    window = Window()
+    window, merged = Window(), {}
     if plan.todo and not stop.requested:
         with make_runner(config.runner, PREFECT_API_URL.value()) as runner:
             run_shards(ShardSteps(runner, plan, config), plan.todo, config, summary, progress, ui, logger, stop,
-                       window)
+                       window, merged)
             stop.done = True  # a signal from now on changes nothing
             if window.abandoned:
                 abandon(runner)
@@ -157,6 +167,8 @@ def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
     if not_started or window.abandoned or stop.reason == "--fail-fast":  # else the stop left nothing undone
         summary.stopped(stop.reason, not_started=not_started, abandoned=window.abandoned)
     progress.close()
+    if not summary.failed and not summary.stop_reason:
+        check_outputs(RunOutcome(plan, merged), summary)
     ui.update(summary.finished, final=True)
     summary.seconds = time.monotonic() - start
     for line in summary.lines():
@@ -167,6 +179,16 @@ def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
     if not summary.ok:
         raise RunFailed(summary)
     return summary
+
+
+def check_outputs(outcome: RunOutcome, summary: Summary) -> None:
+    """The run's check (the verify-run task), once every shard is merged or kept; a failure fails the run."""
+    try:
+        summary.run_check = verify_run(outcome.plan.job.output_prefix, outcome).line()
+    except RunCheckFailed as exc:
+        summary.run_check, summary.run_check_failed = exc.check.line(), True
+    except OSError as exc:
+        summary.run_check, summary.run_check_failed = f"run check FAILED: cannot list the output prefix: {exc}", True
 
 
 def continuation(job: Job) -> str:

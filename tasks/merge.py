@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 
@@ -125,13 +125,14 @@ def shard_key(fingerprint: str, relpath: str, inputs: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ShardStats:
     relpath: str
     rows: int
     bytes: int
     skipped_ops: int = 0
     seconds: float = 0.0
+    input_key: str = ""  # the key the stored output recorded (shard_key of the inputs it was made from)
 
 
 # Failures that come back the same on every attempt: not worth a retry.
@@ -270,7 +271,7 @@ def merge_shard(job: Job, relpath: str) -> ShardStats:
     start = time.perf_counter()
     with opened_shard(job, relpath) as shard:
         stats = stream_output(job, relpath, shard)
-    return ShardStats(stats.relpath, stats.rows, stats.bytes, stats.skipped_ops, time.perf_counter() - start)
+    return replace(stats, seconds=time.perf_counter() - start)
 
 
 # ---------------------------------------------------------------- the streaming merge (a shard in one call)
@@ -508,4 +509,4 @@ def verify_output(job: Job, relpath: str, stats: ShardStats, payload: pa.Buffer 
                 raise ShardError(f"key column {key!r} of the output differs from the base")
     except Exception as exc:
         raise _fail(relpath, f"verifying {uri}", exc) from exc
-    return stats
+    return replace(stats, input_key=prov.get("input_key", ""))

@@ -39,6 +39,7 @@ class Plan:
     foreign: list[tuple[str, str]] = field(default_factory=list)  # (relpath, their fingerprint, or why none)
     broken: list[tuple[str, str]] = field(default_factory=list)   # (relpath, why it is not trusted)
     replaced: list[tuple[str, str]] = field(default_factory=list)  # (relpath, not written by the overwrite continued)
+    rows: dict[str, int] = field(default_factory=dict)  # complete outputs' row counts, from their footers
 
     @property
     def shards(self) -> list[str]:
@@ -104,13 +105,27 @@ class Plan:
         return sorted(extra + list(self.output.others))
 
 
-def _list(prefix: str, what: str) -> storage.Listing:
+def list_or_refuse(prefix: str, what: str, listing=None) -> storage.Listing:
+    """The listing of `prefix` (`listing()` when given: a listing task's result), or one line naming `what` the
+    prefix is when the store refuses it (ConfigError)."""
     try:
-        return storage.list_prefix(prefix)
+        return listing() if listing is not None else storage.list_prefix(prefix)
     except PermissionError as exc:
         raise ConfigError(f"cannot list {what} {prefix}: access denied ({exc})") from None
     except OSError as exc:
         raise ConfigError(f"cannot list {what} {prefix}: {exc}") from None
+
+
+class LazyListings(dict):
+    """prefix -> its listing, listed when first asked for (a plan refused on its base lists nothing else)."""
+
+    def __init__(self, what: dict[str, str]):
+        super().__init__()
+        self.what = what
+
+    def __missing__(self, prefix: str) -> storage.Listing:
+        self[prefix] = listing = list_or_refuse(prefix, self.what[prefix])
+        return listing
 
 
 def _exists(prefix: str) -> bool:
@@ -177,20 +192,32 @@ def replaced_why(job: Job) -> str:
     return f"not written by overwrite {job.overwrite_id}"
 
 
-def list_inputs(pipeline) -> dict[str, storage.Listing]:
-    """One listing per distinct input prefix, named after the first operation that reads it."""
-    sources: dict[str, storage.Listing] = {}
+def input_prefixes(pipeline) -> dict[str, str]:
+    """Each distinct input prefix -> what it is, named after the first operation that reads it."""
+    found: dict[str, str] = {}
     for i, op in enumerate(pipeline.operations):
         source = op.input(pipeline.dataset)
-        if source and source.prefix not in sources:
-            sources[source.prefix] = _list(source.prefix, f"operations[{i}].{source.field}")
-    return sources
+        if source and source.prefix not in found:
+            found[source.prefix] = f"operations[{i}].{source.field}"
+    return found
 
 
-def make_plan(job: Job, overwrite: bool = False) -> Plan:
-    """List base, sources and output once each; classify existing outputs; refuse stale ones."""
+def prefixes(job: Job) -> dict[str, str]:
+    """Every prefix a plan lists -> what it is (in messages): the base, each input prefix, the output."""
+    found = {job.pipeline.dataset.main_prefix: "main_prefix"}
+    for prefix, what in input_prefixes(job.pipeline).items():
+        found.setdefault(prefix, what)
+    found.setdefault(job.output_prefix, "output prefix")
+    return found
+
+
+def make_plan(job: Job, overwrite: bool = False, listings: dict[str, storage.Listing] | None = None) -> Plan:
+    """List base, sources and output once each (unless `listings` holds them: the merge flow's listing tasks);
+    classify existing outputs; refuse stale ones."""
     pipeline = job.pipeline
-    base = _list(pipeline.dataset.main_prefix, "main_prefix")
+    if listings is None:
+        listings = LazyListings(prefixes(job))
+    base = listings[pipeline.dataset.main_prefix]
     if not base.shards:
         others = f" ({len(base.others)} other objects)" if base.others else ""
         exists = base.exists and (base.others or _exists(pipeline.dataset.main_prefix))
@@ -201,8 +228,8 @@ def make_plan(job: Job, overwrite: bool = False) -> Plan:
         raise ConfigError(f"main_prefix {pipeline.dataset.main_prefix} holds {len(unsafe)} object key(s) that are not "
                           f"plain relative paths (an empty, '.' or '..' segment), e.g. {unsafe[0]!r}; outputs keep "
                           "the base's relative paths, so rename or remove these objects")
-    sources = list_inputs(pipeline)
-    output = _list(job.output_prefix, "output prefix")
+    sources = {prefix: listings[prefix] for prefix in input_prefixes(pipeline)}
+    output = listings[job.output_prefix]
     missing = None if output.exists else storage.missing_root(job.output_prefix)
     if missing:
         raise ConfigError(f"output prefix {job.output_prefix}: {missing}")
@@ -218,6 +245,7 @@ def make_plan(job: Job, overwrite: bool = False) -> Plan:
         status, detail = statuses.get(rel, ("missing", ""))
         if status == "complete":
             plan.complete.append(rel)
+            plan.rows[rel] = int(detail)
             continue
         plan.todo.append(rel)
         if status in ("stale", "foreign", "broken", "replaced"):

@@ -9,16 +9,18 @@ from contextlib import contextmanager
 from typing import Any
 
 import pyarrow.parquet as pq
-from prefect import task
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE, CachePolicy
 from prefect.runtime import task_run
 from prefect.states import Completed
 
 from tasks import merge, storage
 from tasks.errors import ShardError
-from tasks.ops import Status
 from tasks.merge import Job, ShardState, ShardStats
-from tasks.plan import judge_output
+from tasks.ops import Status
+from tasks.plan import Plan, judge_output
+from tasks.runcheck import RunCheck, RunCheckFailed, check_run
 
 
 def worth_retrying(task, task_run, state) -> bool:
@@ -133,3 +135,44 @@ def fused_shard(job: Job, relpath: str, listed: dict[str, str] | None = None) ->
         if found is not None:
             return checked_cached(job, relpath, found)
         return merge.stream_output(job, relpath, shard)
+
+
+def worth_listing_again(task, task_run, state) -> bool:
+    """Retry a listing the store failed (a timeout, a 503); not one it refused or that found no bucket."""
+    exc = state.result(raise_on_failure=False)
+    return isinstance(exc, OSError) and not isinstance(exc, (PermissionError, FileNotFoundError))
+
+
+LISTING_TASK = dict(persist_result=False, cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[1, 5],
+                    retry_condition_fn=worth_listing_again, log_prints=False)
+
+
+@task(name="list", task_run_name="list {what}", **LISTING_TASK)
+def list_shards(prefix: str, what: str) -> storage.Listing:
+    """One paginated listing of a prefix the plan needs (the base, an input, the output), with its counts
+    in the task run's log."""
+    listing = storage.list_prefix(prefix)
+    get_run_logger().info("%s %s: %d shards, %d bytes, %d other objects%s", what, prefix, len(listing.shards),
+                          sum(listing.shards.values()), len(listing.others),
+                          "" if listing.exists else " (does not exist)")
+    return listing
+
+
+class RunOutcome:
+    """What a merge run holds when its shards are done: the plan (its listings) and each merged shard's
+    stats. A plain holder: Prefect does not walk it as a task parameter (it would, item by item, a dict)."""
+
+    def __init__(self, plan: Plan, merged: dict[str, ShardStats]):
+        self.plan, self.merged = plan, merged
+
+
+@task(name="verify-run", task_run_name="verify run {output_prefix}", **LISTING_TASK)
+def verify_run(output_prefix: str, outcome: RunOutcome) -> RunCheck:
+    """The run's check (tasks/runcheck.py): one fresh listing of the output prefix against what the run made;
+    its table is published as the artifact `merge-run-check`. Fails (RunCheckFailed) on any problem."""
+    check = check_run(outcome.plan, outcome.merged, storage.list_prefix(output_prefix))
+    create_table_artifact(key="merge-run-check", table=check.table, description=check.line())
+    get_run_logger().info(check.line())
+    if not check.ok:
+        raise RunCheckFailed(check)
+    return check

@@ -25,6 +25,8 @@ class Summary:
     not_started: int = 0            # shards to do that were never submitted after the stop
     abandoned: int = 0              # shards in flight when the grace period ended (no output written)
     continue_with: str = ""         # an overwrite run: the option that continues it (--continue-overwrite ID)
+    run_check: str = ""             # the run check's line (tasks/runcheck.py), once it ran
+    run_check_failed: bool = False
 
     def __post_init__(self, stale_shards: Iterable[str]) -> None:
         self._stale = frozenset(stale_shards)
@@ -32,7 +34,7 @@ class Summary:
 
     @property
     def ok(self) -> bool:
-        return not self.failed
+        return not self.failed and not self.run_check_failed
 
     @property
     def stale_failed(self) -> int:
@@ -94,6 +96,8 @@ class Summary:
                        f"abandoned in flight (no output written for them); {self.resume_hint()}")
         elif self.continue_with and self.failed:
             out.append(f"the overwrite did not finish ({len(self.failed)} failed): {self.resume_hint()}")
+        if self.run_check:
+            out.append(self.run_check)
         for rel, message in self.failed[:FAILED_LINES]:
             kept = " (its stale old output remains, not current)" if rel in self._stale else ""
             out.append(f"FAILED {rel}{kept}: {message}")
@@ -122,7 +126,8 @@ class RunFailed(RuntimeError):
     """Raised at the end of a run in which shards failed, carrying the summary."""
 
     def __init__(self, summary: Summary):
-        super().__init__(f"{len(summary.failed)} of {summary.total} shards failed")
+        super().__init__(f"{len(summary.failed)} of {summary.total} shards failed" if summary.failed
+                         else summary.run_check or "the run failed")
         self.summary = summary
 
     def __reduce__(self):

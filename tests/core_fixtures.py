@@ -194,3 +194,38 @@ def release_console_handlers() -> None:
                 console.file = sys.__stderr__
             elif isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
                 handler.stream = sys.__stderr__  # not setStream(): that flushes the closed stream first
+
+
+
+def task_runs(flow_run_id, wanted: set[str]) -> list:
+    """A flow run's task runs, once every name in `wanted` has one in a final state: task runs reach the API
+    through events, after the run returned."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    runs: list = []
+    with get_client(sync_client=True) as client:
+        for _ in range(100):
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            if wanted <= {r.name for r in runs if r.state and r.state.is_final()}:
+                break
+            time.sleep(0.2)
+    return runs
+
+
+def flow_run_named(name: str):
+    """The one flow run of that name on the session's API."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        [found] = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+    return found
+
+
+def merge_dag(setup, rels, operations: int = 3) -> set[str]:
+    """The task runs of a default merge run: a listing a prefix, a merge a shard, the run's check."""
+    return {"list main_prefix", *(f"list operations[{i}].source_prefix" for i in range(operations)),
+            "list output prefix", *(f"merge {rel}" for rel in rels), f"verify run {setup.output}"}

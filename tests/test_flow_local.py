@@ -9,13 +9,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from core_fixtures import (build, expected_output, get_bytes, identities, objects, put_bytes, read_table,
-                           remove, swap_rows_fn, versioned)
+                           remove, swap_rows_fn, task_runs, flow_run_named, versioned)
 from tasks.demo import relpaths
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,21 +162,8 @@ def test_default_output_prefix_is_a_new_timestamped_sibling(tmp_path, root, run)
 
 
 def test_task_run_names_carry_shard_relpaths(tmp_path, run):
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
-
     setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS)
     assert run(setup.pipeline, "--output-prefix", setup.output)[0] == 0
-    client = get_client(sync_client=True)
-    flow_runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-        name=FlowRunFilterName(any_=[f"merge {setup.pipeline}"])))
-    assert len(flow_runs) == 1
     wanted = {f"merge {rel}" for rel in REL}  # one task a shard (the default layout)
-    names: set[str] = set()
-    for _ in range(100):  # task runs reach the API through events: wait for them to be recorded
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_runs[0].id])))
-        names = {r.name for r in runs}
-        if wanted <= names:
-            break
-        time.sleep(0.2)
+    names = {r.name for r in task_runs(flow_run_named(f"merge {setup.pipeline}").id, wanted)}
     assert wanted <= names, sorted(wanted - names)

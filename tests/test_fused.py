@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import inspect
 import json
-import time
 from collections import Counter
 
 import pytest
 
-from core_fixtures import build, read_meta, read_table, swap_rows_fn
+from core_fixtures import build, flow_run_named, merge_dag, read_meta, read_table, swap_rows_fn, task_runs
 from test_flow_local import REL, SHARDS, assert_clean, assert_output_equals_inputs, summary_counts
 
 from flows import compat
@@ -28,26 +27,6 @@ def provenance(uri: str) -> dict:
     return {k: v for k, v in prov.items() if k not in merge.PER_RUN_FIELDS}
 
 
-def task_run_names(pipeline: str) -> Counter:
-    """How many task runs of each name the API holds for the pipeline's one flow run (a list, not a set: a
-    duplicate task run counts twice)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
-
-    client = get_client(sync_client=True)
-    flow_runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-        name=FlowRunFilterName(any_=[f"merge {pipeline}"])))
-    assert len(flow_runs) == 1
-    names: Counter = Counter()
-    for _ in range(100):  # task runs reach the API through events: wait until every shard's has finished there
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_runs[0].id])))
-        names = Counter(r.name for r in runs)
-        if {f"merge {rel}" for rel in REL} <= set(names) and all(r.state and r.state.is_final() for r in runs):
-            return names
-        time.sleep(0.2)
-    return names
-
-
 def test_fused_run_equals_the_chain_and_records_one_task_per_shard(tmp_path, run):
     root = str(tmp_path / "data") + "/"  # the same kernel and writer as the chain: one backend is enough
     fused = build(tmp_path / "fused", root + "fused/", shards=SHARDS)
@@ -57,7 +36,9 @@ def test_fused_run_equals_the_chain_and_records_one_task_per_shard(tmp_path, run
     assert summary_counts(out) == (4, 4, 0, 0)
     assert "operations skipped for missing siblings (required: false): 1" in out
     assert_output_equals_inputs(fused)
-    assert task_run_names(fused.pipeline) == Counter({f"merge {rel}": 1 for rel in REL})
+    dag = merge_dag(fused, REL)  # a duplicate task run would count twice
+    runs = task_runs(flow_run_named(f"merge {fused.pipeline}").id, dag)
+    assert Counter(r.name for r in runs) == Counter(dag)
 
     chain = build(tmp_path / "chain", root + "chain/", shards=SHARDS)
     assert run(chain.pipeline, "--output-prefix", chain.output, "--task-per-operation")[0] == 0

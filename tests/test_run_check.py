@@ -1,0 +1,152 @@
+"""The check that ends every merge run (tasks/runcheck.py; the verify-run task): the output prefix holds one
+output per base shard and nothing else, each as the run checked it; a failure fails the run (exit 1).
+
+The kernel-level tests build the run's facts the way the flow does (the plan's listings, the shard tasks'
+stats) and change the output prefix between the merge and the check; the flow-level ones run `sidecar-ops
+run` on the session's Prefect API and read what the UI shows: the task runs and the `merge-run-check` artifact.
+"""
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from core_fixtures import build, flow_run_named, merge_dag, put_bytes, read_table, remove, task_runs, write_table
+from tasks import storage
+from tasks.config import load_pipeline
+from tasks.demo import relpaths
+from tasks.merge import Job, merge_shard, overwrite_fields
+from tasks.plan import make_plan
+from tasks.runcheck import check_run
+
+SHARDS = 3
+REL = sorted(relpaths(SHARDS))
+
+
+def merged_run(tmp_path, root):
+    """A new overwrite's facts, as the flow holds them at its end: the plan, and every shard's stats."""
+    setup = build(tmp_path, root, shards=SHARDS)
+    job = Job(load_pipeline(setup.pipeline), setup.output, run_id="run-a", **overwrite_fields(True, "run-a"))
+    plan = make_plan(job, overwrite=True)
+    return setup, plan, {rel: merge_shard(job, rel) for rel in REL}
+
+
+def check(plan, merged):
+    return check_run(plan, merged, storage.list_prefix(plan.job.output_prefix))
+
+
+def test_a_complete_run_passes_with_its_rows_counted(tmp_path, root):
+    setup, plan, merged = merged_run(tmp_path, root)
+    result = check(plan, merged)
+    assert result.ok, result.problems
+    assert result.rows == sum(read_table(setup.output + rel).num_rows for rel in REL)
+    assert [row["result"] for row in result.table[:3]] == ["ok", "ok", "ok"]
+    assert result.line().startswith("run check passed: one output per base shard")
+
+
+@pytest.mark.parametrize("stray", ["zz-extra.parquet", "notes.txt", "sub/part-0.parquet"])
+def test_anything_else_under_the_output_prefix_fails_the_check(tmp_path, root, stray):
+    setup, plan, merged = merged_run(tmp_path, root)
+    put_bytes(setup.output + stray, b"not an output")
+    result = check(plan, merged)
+    assert result.problems == [f"1 object(s) under the output prefix are not outputs of base shards, e.g. {stray}"]
+    assert result.line() == "run check FAILED: " + result.problems[0]
+
+
+def test_a_base_shard_without_output_fails_the_check(tmp_path, root):
+    setup, plan, merged = merged_run(tmp_path, root)
+    remove(setup.output + REL[1])
+    assert check(plan, merged).problems == [f"1 base shard(s) have no output, e.g. {REL[1]}"]
+
+
+def test_an_output_rewritten_after_its_check_fails_the_check(tmp_path, root):
+    setup, plan, merged = merged_run(tmp_path, root)
+    write_table(read_table(setup.output + REL[0]).slice(1), setup.output + REL[0])  # another writer's
+    assert check(plan, merged).problems == [
+        f"1 output(s) changed after this run checked them (another writer?), e.g. {REL[0]}"]
+
+
+def test_kept_outputs_are_judged_by_the_identity_the_plan_listed(tmp_path, root):
+    setup, _, _ = merged_run(tmp_path, root)
+    resumed = make_plan(Job(load_pipeline(setup.pipeline), setup.output))  # every output complete: kept
+    assert sorted(resumed.complete) == REL and not resumed.todo
+    result = check(resumed, {})
+    assert result.ok and result.rows == sum(resumed.rows.values()) > 0
+    table = read_table(setup.output + REL[2])
+    write_table(table, setup.output + REL[2])  # the same rows written again: another object
+    assert check(resumed, {}).problems == [
+        f"1 output(s) changed after this run checked them (another writer?), e.g. {REL[2]}"]
+
+
+def test_an_output_neither_written_nor_kept_fails_the_check(tmp_path, root):
+    _, plan, merged = merged_run(tmp_path, root)
+    del merged[REL[0]]
+    assert check(plan, merged).problems == [f"1 output(s) neither written nor kept by this run, e.g. {REL[0]}"]
+
+
+def test_inputs_replaced_during_the_run_are_counted_not_failed(tmp_path, root):
+    setup, plan, merged = merged_run(tmp_path, root)
+    sibling = setup.prefixes["dqm"] + REL[0]
+    table = read_table(sibling)
+    write_table(table.set_column(1, table.schema.field(1), pa.concat_arrays([table.column(1).chunk(0)[1:],
+                                                                              table.column(1).chunk(0)[:1]])),
+                sibling)
+    job = plan.job
+    redone = merge_shard(job, REL[0])  # what a retry reading the new version records
+    result = check(plan, {**merged, REL[0]: redone})
+    assert result.ok
+    [row] = [r for r in result.table if r["check"].startswith("outputs made from inputs replaced")]
+    assert (row["found"], row["result"]) == ("1", "info")
+
+
+# ----------------------------------------------------------------- through a run, on the session's API
+
+def test_the_run_shows_its_listings_merges_and_check_and_publishes_the_check(tmp_path, root, run):
+    from test_verify import read_artifacts
+
+    setup = build(tmp_path, root, shards=SHARDS)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
+    assert code == 0, out + err
+    assert "run check passed: one output per base shard" in err + out
+    flow_run = flow_run_named(f"merge {setup.pipeline}")
+    wanted = merge_dag(setup, REL)
+    assert "list operations[2].source_prefix" in wanted and f"verify run {setup.output}" in wanted
+    runs = task_runs(flow_run.id, wanted)
+    assert sorted(r.name for r in runs) == sorted(wanted)  # one task a listing, a shard, the check: no more
+    assert {r.state.type.value for r in runs} == {"COMPLETED"}
+    artifact = read_artifacts(flow_run.id)["merge-run-check"]
+    table = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+    assert [(row["check"], row["found"], row["result"]) for row in table[:2]] == [
+        ("one output per base shard", str(SHARDS), "ok"), (f"nothing else under {setup.output}", "0", "ok")]
+
+
+def test_an_extra_shard_fails_the_run_and_its_check_task(tmp_path, root, run):
+    setup = build(tmp_path, root, shards=SHARDS)
+    put_bytes(setup.output + "zz-extra.parquet", b"left by someone")
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
+    assert code == 1, out + err
+    assert ("run check FAILED: 1 object(s) under the output prefix are not outputs of base shards, "
+            "e.g. zz-extra.parquet") in err
+    flow_run = flow_run_named(f"merge {setup.pipeline}")
+    assert flow_run.state.is_failed()
+    states = {r.name: r.state.type.value for r in task_runs(flow_run.id, {f"verify run {setup.output}"})}
+    assert states[f"verify run {setup.output}"] == "FAILED"
+
+
+def test_an_output_gone_before_the_check_fails_the_run(tmp_path, root, run, monkeypatch):
+    """Another process deletes an output after its shard task wrote and checked it, before the run's check."""
+    import tasks.prefect_tasks
+
+    setup = build(tmp_path, root, shards=SHARDS)
+    real = tasks.prefect_tasks.check_run
+
+    def delete_then_check(plan, merged, fresh):
+        remove(setup.output + REL[2])
+        return real(plan, merged, storage.list_prefix(plan.job.output_prefix))
+
+    monkeypatch.setattr(tasks.prefect_tasks, "check_run", delete_then_check)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
+    assert code == 1, out + err
+    assert f"run check FAILED: 1 base shard(s) have no output, e.g. {REL[2]}" in err
+    assert "shards: 3 total, 3 merged, 0 skipped (already complete), 0 failed" in err
