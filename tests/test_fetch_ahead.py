@@ -144,6 +144,7 @@ def test_the_byte_budget_drops_the_oldest_and_never_fetches_what_exceeds_it(monk
     for name in ("a", "b", "c"):
         ahead.fetch(f"s3://b/{name}.parquet", name, 40, {}, lambda c: True, read_range)
     assert ahead.waiting() == 2 and ahead.waiting("s3://b/a.parquet") == 0  # a was dropped to make room for c
+    assert ahead.waiting("s3://b/b.parquet") == ahead.waiting("s3://b/c.parquet") == 1
     gate.set()
     assert ahead.take("s3://b/a.parquet", "a") is None
     assert ahead.take("s3://b/b.parquet", "b").size == 40
