@@ -44,6 +44,7 @@ class Mutant:
 W = "tests/test_write_path.py::"
 BAD = "tests/test_bad_inputs.py::test_bad_input"
 SIG = "tests/test_signal_phases.py::"
+RC = "tests/test_run_check.py::"
 
 MUTANTS = [
     # ------------------------------------------------------------ atomic shards
@@ -327,6 +328,16 @@ MUTANTS = [
     Mutant("T2", "(test) the module map names every module", "tasks/merge.py missing from the map "
            "(flows/merge.py still named)", "docs/architecture.md", "| `tasks/merge.py` |", "| `tasks/kernel.py` |",
            ("tests/test_layers.py::test_the_module_map_names_every_module",)),
+    # ------------------------------------------------------------ the run's check (issue 28)
+    Mutant("E1", "A merge run ends checked", "objects under the output prefix that are not shards go unnoticed",
+           "tasks/runcheck.py", "    extra = sorted([rel for rel in fresh.shards if rel not in base] + list(fresh.others))",
+           "    extra = sorted([rel for rel in fresh.shards if rel not in base])",
+           (RC + "test_anything_else_under_the_output_prefix_fails_the_check[local-notes.txt]",)),
+    Mutant("E2", "A merge run ends checked", "a failed run check does not fail the run", "tasks/prefect_tasks.py",
+           "    if not check.ok:", "    if False:", (RC + "test_an_extra_shard_fails_the_run_and_its_check_task[local]",)),
+    Mutant("E3", "A merge run ends checked", "a kept output replaced after the plan listed it passes",
+           "tasks/runcheck.py", "            if fresh.ids.get(rel) != plan.output.ids.get(rel):",
+           "            if False:", (RC + "test_kept_outputs_are_judged_by_the_identity_the_plan_listed[local]",)),
 ]
 
 

@@ -86,10 +86,18 @@ def test_ui_logs_tab_shows_the_plan_and_every_shard_of_a_cli_run(tmp_path):
         assert re.search(r"operations\[2\] merge_from_sidecar from \S+: \d+ sibling shards found", logs), logs[:3000]
         for rel in relpaths(SHARDS):
             assert re.search(rf"shard {re.escape(rel)} merged: 100 rows", logs), (rel, logs[:3000])
+        # the DAG the design card names: the listings, a merge a shard, the run's check (issue 28), as the Runs
+        # page's task-run list shows them (the flow run page's own Task Runs tab ignores ?tab= while it loads)
+        tasks = rendered_text(f"http://127.0.0.1:{port}/runs?tab=task-runs", tmp_path / "chromium", r"verify run ")
+        dag = ["list main_prefix", *(f"list operations[{i}].source_prefix" for i in range(3)), "list output prefix",
+               *(f"merge {rel}" for rel in relpaths(SHARDS)), f"verify run {tmp_path}/demo-data/all_in_one/"]
+        assert f"{len(dag)} runs" in tasks, tasks[:3000]
+        for name in dag:
+            assert re.search(rf"{re.escape(name)} \+0 Completed", tasks), (name, tasks[:3000])
         artifacts = rendered_text(f"http://127.0.0.1:{port}/artifacts", tmp_path / "chromium", "merge-summary-table")
         # each key on its own: "merge-summary" must show apart from "merge-summary-table" (its prefix), which
         # the page was already waited for
-        for key in ("merge-progress", "merge-summary", "merge-summary-table"):
+        for key in ("merge-progress", "merge-summary", "merge-summary-table", "merge-run-check"):
             assert re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", artifacts), (key, artifacts[:3000])
     finally:
         stop(server)
