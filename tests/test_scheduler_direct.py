@@ -23,8 +23,10 @@ from flows.runconfig import RunnerChoice
 from flows.scheduler import (FORWARDED_ENV, FORWARDED_ENV_PREFIXES, Finished, ShardThreadRunner, Window,
                              forwarded_env, make_runner, run_window)
 
-# Under a broken scheduler a test could wait forever; pytest-timeout ends it as a failure.
-pytestmark = pytest.mark.timeout(20)
+# Under a broken scheduler a test could wait forever; pytest-timeout ends it as a failure. Each test takes
+# milliseconds; the limit is short so that a mutant that hangs fails within mutmut's own limit for these tests
+# (~19 s of wall time, pyproject.toml's [tool.mutmut]), a kill rather than a timeout.
+pytestmark = pytest.mark.timeout(5)
 
 
 class RefLike(cf.Future):
