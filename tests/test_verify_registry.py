@@ -22,7 +22,7 @@ from tasks.verify.checks import (
     siblings_check,
 )
 from tasks.verify.registry import Check, register, report_order
-from tasks.verify.schema_doc import SCHEMA_PATH
+from tasks.verify.schema_doc import BEGIN, END, GUIDE_PATH, SCHEMA_PATH, render_guide
 from tasks.verify.schema_doc import render as render_schema
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,6 +42,20 @@ def test_committed_schema_is_generated_from_the_registry():
     text = SCHEMA_PATH.read_text()
     assert SCHEMA_PATH == REPO / "docs" / "verify-report.schema.json"
     assert render_schema(json.loads(text)) == text, "run: python -m tasks.verify.schema_doc"
+
+
+def test_the_operator_guides_list_of_checks_is_generated_from_the_registry():
+    text = GUIDE_PATH.read_text()
+    assert GUIDE_PATH == REPO / "docs" / "operating-guide.md"
+    assert render_guide(text) == text, "run: python -m tasks.verify.schema_doc"
+    listed = text.partition(BEGIN)[2].partition(END)[0]
+    for check in registry.REGISTRY:
+        assert f"| `{check.name.replace('{index}', 'i')}` | {check.stage} | {check.unit} | {check.about} |" in listed
+
+
+def test_a_guide_without_the_markers_is_refused():
+    with pytest.raises(ValueError, match="markers"):
+        render_guide("# Operating guide\n")
 
 
 def test_report_order_expands_per_operation_checks_only_for_contributing_operations():
@@ -88,6 +102,7 @@ def test_a_newly_registered_check_reaches_order_schema_and_renderer(scratch_regi
     doc = json.loads(render_schema(json.loads(SCHEMA_PATH.read_text())))
     options = doc["$defs"]["check"]["properties"]["name"]["anyOf"]
     assert {"const": "widget count", "description": "every shard has its widgets"} in options
+    assert "| `widget count` | footer | widgets | every shard has its widgets |" in render_guide(GUIDE_PATH.read_text())
     assert render._scope({"name": "widget count", "stage": "footer", "checked": 3}) == "3 widgets"
 
 

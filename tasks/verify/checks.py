@@ -20,7 +20,8 @@ def siblings_check(index: int) -> str:
 
 
 # ---------------------------------------------------------------- listings
-@register(SHARD_SET, "listing", "shards", "every base shard has an output shard, and the output no others")
+@register(SHARD_SET, "listing", "shards", "every base shard has an output shard, and the output has no shard "
+          "the base lacks")
 def shard_set(ctx, check) -> None:
     base, output = ctx.plan.base.shards, ctx.plan.output.shards
     check.checked = len(base)
@@ -33,7 +34,8 @@ def shard_set(ctx, check) -> None:
     check.note = f"{len(ctx.present)} of {len(base)} present"
 
 
-@register(STRAYS, "listing", "objects", "the output prefix holds nothing but non-empty *.parquet shards")
+@register(STRAYS, "listing", "objects", "the output prefix holds nothing but non-empty `*.parquet` shards "
+          "(no temporary file of an interrupted write, no other object)")
 def strays(ctx, check) -> None:
     others = ctx.plan.output.others
     check.checked = len(ctx.plan.output.shards) + len(others)
@@ -43,8 +45,9 @@ def strays(ctx, check) -> None:
     check.note = f"{len(others)} stray of {check.checked} objects"
 
 
-@register(SIBLINGS_OF, "listing", "shards", "operation i's sibling exists for every base shard (unless optional), "
-          "and each output merged exactly the siblings that exist now", key=SIBLINGS)
+@register(SIBLINGS_OF, "listing", "shards", "operation i's sibling shard exists for every base shard (a missing "
+          "one fails unless the operation says `required: false`), and each output merged exactly the siblings "
+          "that exist now", key=SIBLINGS)
 def siblings(ctx, check, index: int) -> None:
     plan, source = ctx.plan, ctx.plan.input(index)
     base, missing = plan.base.shards, plan.missing_siblings(index)
@@ -67,7 +70,8 @@ def siblings(ctx, check, index: int) -> None:
 
 
 # ---------------------------------------------------------------- footers
-@register(ROWS, "footer", "shards", "both footers are readable and the output has the base's row count",
+@register(ROWS, "footer", "shards", "the base's and the output's parquet footers are readable and the "
+          "output has the base's row count",
           note=lambda ctx: f"{sum(f.out_rows or 0 for f in ctx.facts.values()):,} rows")
 def row_counts(job, footers) -> list[str]:
     if footers.out_rows != footers.base_rows:
@@ -75,8 +79,10 @@ def row_counts(job, footers) -> list[str]:
     return []
 
 
-@register(SCHEMA, "footer", "shards", "base columns first, in order and unchanged (minus removed ones), then the "
-          "columns operations added, then declared extensions conform to their types")
+@register(SCHEMA, "footer", "shards", "the output starts with the base's columns, in order and with their "
+          "types (less those an operation dropped, renamed ones under their new names), then the columns the "
+          "operations added, as the provenance records them; each declared schema extension is there and conforms "
+          "to its type")
 def schema(job, footers) -> list[str]:
     base, out, records = footers.base, footers.out, footers.records
     problems = []
@@ -104,15 +110,16 @@ def schema(job, footers) -> list[str]:
     return problems
 
 
-@register(PROVENANCE, "footer", "shards", "the output records this pipeline's fingerprint and one entry per "
-          "operation", note=lambda ctx: f"fingerprint {ctx.job.fingerprint}")
+@register(PROVENANCE, "footer", "shards", "the output's footer records this pipeline's fingerprint (another "
+          "one: stale, made by a different configuration) and one entry per operation",
+          note=lambda ctx: f"fingerprint {ctx.job.fingerprint}")
 def provenance(job, footers) -> list[str]:
     prov = footers.provenance
     if prov is None:
         return ["no sidecar_ops provenance in the footer"]
     if not job.pipeline.accepts(prov.get("fingerprint")):
-        return [f"stale: written by pipeline fingerprint {prov.get('fingerprint')}, this pipeline is "
-                f"{job.fingerprint}"]
+        return [(f"stale: written by pipeline fingerprint {prov.get('fingerprint')}, this pipeline is "
+                 f"{job.fingerprint}")]
     if footers.records is None:
         return ["provenance does not record one entry per operation"]
     return []
@@ -125,13 +132,14 @@ def current_inputs(job, footers) -> list[str]:
     if prov is None or not job.pipeline.accepts(prov.get("fingerprint")) or footers.inputs is None:
         return []  # no provenance or another pipeline's: the provenance check says so
     if prov.get("input_key") != shard_key(prov["fingerprint"], footers.relpath, footers.inputs):
-        return [f"stale: {changed_inputs(prov.get('inputs'), footers.inputs)} since it was written (the same "
-                "comparison a run's plan makes); rerun the merge to recompute it"]
+        return [(f"stale: {changed_inputs(prov.get('inputs'), footers.inputs)} since it was written (the same "
+                 "comparison a run's plan makes); rerun the merge to recompute it")]
     return []
 
 
 # ---------------------------------------------------------------- data (sampled shards)
-@register(BASE, "data", "sampled", "every base column kept from the base equals the base, value for value")
+@register(BASE, "data", "sampled", "every column the output took unchanged from the base equals the base, value "
+          "for value")
 def base_columns(shard) -> list[str]:
     lines = []
     for name, source in shard.layout.columns:
@@ -144,7 +152,8 @@ def base_columns(shard) -> list[str]:
     return lines
 
 
-@register(KEYS, "data", "sampled", "the dataset key equals the base's and each operation's key equals its sibling's")
+@register(KEYS, "data", "sampled", "the dataset key column equals the base's, and each operation's key "
+          "column equals its sibling's, row for row")
 def key_columns(shard) -> list[str]:
     lines, key, out = [], shard.dataset.key_column, shard.out
     if key in out.column_names and (line := shard.compare(key, out[key], shard.base[key])):
@@ -152,7 +161,8 @@ def key_columns(shard) -> list[str]:
     return lines + [line for found in shard.findings for line in found.keys]
 
 
-@register(MERGED, "data", "sampled", "every column an operation supplied equals its sibling's, value for value")
+@register(MERGED, "data", "sampled", "no operation failed on the shard, and every column an operation "
+          "supplied equals its sibling's, value for value")
 def merged_columns(shard) -> list[str]:
     lines = []
     for i, (rec, found) in enumerate(zip(shard.records, shard.findings)):

@@ -57,7 +57,7 @@ class CheckDef:
     name: str
     stage: str
     unit: str           # what `checked` counts: shards | objects | sampled
-    about: str          # one sentence for the JSON schema
+    about: str          # one sentence for the JSON schema and the operator guide's list
     run: Callable
     key: str = ""       # per-operation checks only: the name operations contribute it by
     note: Callable | None = None  # footer checks: note(ctx) -> str

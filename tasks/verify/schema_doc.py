@@ -1,7 +1,8 @@
-"""docs/verify-report.schema.json's check names and stages, generated from the check registry.
+"""The documents' parts owned by the check registry: docs/verify-report.schema.json's check names and stages, and
+the list of checks in docs/operating-guide.md (section 6, between the verify-checks markers).
 
-The rest of the document is written by hand; `render` rewrites the registry-owned parts of it.
-Regenerate with `python -m tasks.verify.schema_doc` (tests/test_verify_registry.py fails when it is stale).
+The rest of both documents is written by hand; `render` and `render_guide` rewrite the registry-owned parts.
+Regenerate both with `python -m tasks.verify.schema_doc` (tests/test_verify_registry.py fails when one is stale).
 """
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from tasks.verify import (
 )
 from tasks.verify.registry import STAGES
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "docs" / "verify-report.schema.json"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+SCHEMA_PATH = DOCS / "verify-report.schema.json"
+GUIDE_PATH = DOCS / "operating-guide.md"
+BEGIN, END = "<!-- verify-checks:begin -->", "<!-- verify-checks:end -->"
 
 
 def check_name_schema() -> dict:
@@ -51,9 +55,31 @@ def render(doc: dict) -> str:
     return dumps(doc) + "\n"
 
 
-def main(path: Path = SCHEMA_PATH) -> int:
-    path.write_text(render(json.loads(path.read_text())))
-    print(f"wrote {path}", file=sys.stderr)
+def checks_table() -> str:
+    """The operator guide's list: every registered check in report order, then what each stage reads."""
+    lines = ["| check (report order) | stage | counts | what it proves |", "|---|---|---|---|"]
+    for c in registry.REGISTRY:
+        name = c.name.replace("{index}", "i")
+        lines.append(f"| `{name}` | {c.stage} | {c.unit} | {c.about} |")
+    lines.append("")
+    lines.append("Stages: " + "; ".join(f"`{stage}` reads {what}" for stage, what in STAGES.items()) + ". "
+                 "A check named `operations[i] ...` appears once for each operation i that contributes it.")
+    return "\n".join(lines)
+
+
+def render_guide(text: str) -> str:
+    """`text` (the operator guide) with the list between its verify-checks markers generated afresh."""
+    head, begin, rest = text.partition(BEGIN)
+    _, end, tail = rest.partition(END)
+    if not (begin and end):
+        raise ValueError(f"{GUIDE_PATH.name}: the markers {BEGIN} and {END} are missing")
+    return f"{head}{BEGIN}\n{checks_table()}\n{END}{tail}"
+
+
+def main() -> int:
+    SCHEMA_PATH.write_text(render(json.loads(SCHEMA_PATH.read_text())))
+    GUIDE_PATH.write_text(render_guide(GUIDE_PATH.read_text()))
+    print(f"wrote {SCHEMA_PATH} and {GUIDE_PATH}", file=sys.stderr)
     return 0
 
 
