@@ -14,7 +14,7 @@ from tasks.demo import relpaths
 from tasks.merge import Job, merge_shard, read_provenance
 from tasks.ops.base import NO_INPUT
 from tasks.ops.lineage import Status, absent, appended, renamed
-from tasks.verify.checks import BASE, MERGED
+from tasks.verify.checks import BASE, KEYS, MERGED
 from tasks.verify.compare import read
 from tasks.verify.footers import op_records
 from tasks.verify.values import ShardTask, ShardValues, check_shard, deep_failures, derived_records
@@ -139,3 +139,22 @@ def test_operations_compare_keys_across_integer_widths_when_they_ask():
     wide, narrow = pa.chunked_array([[1, 2]], pa.int64()), pa.chunked_array([[1, 2]], pa.int32())
     assert shard.compare("k", wide, narrow, cast=True) is None
     assert shard.compare("k", wide, narrow) == "column 'k' is int64, expected int32"
+
+
+def test_a_merges_key_is_compared_in_the_outputs_type_and_missing_columns_are_named(tmp_path):
+    """The aes sibling keys its rows by s3_image_path as large_string, the base by string (one family: the merge
+    aligns them): the deep check compares the key in the output's type and finds nothing. An output without
+    that key and without the aes column: each named missing, by the operation that brought it."""
+    setup, job = setup_job(tmp_path)
+    aes = setup.prefixes["aes"] + FIRST
+    sibling = read_table(aes).replace_schema_metadata(None)
+    key = sibling.schema.get_field_index("s3_image_path")
+    write_table(sibling.set_column(key, "s3_image_path", sibling["s3_image_path"].cast(pa.large_string())), aes)
+    merge_shard(job, FIRST)
+    out = read_table(job.output_uri(FIRST))
+    assert out.schema.field("s3_image_path").type == pa.string()
+    assert deep_failures(job, FIRST, out, None) == {}
+    failures = deep_failures(job, FIRST, out.drop_columns(["s3_image_path", "ernie_image_aes"]), None)
+    assert failures == {BASE: "base column 's3_image_path' missing from the output",
+                        KEYS: "operations[2]: key column 's3_image_path' missing from the output",
+                        MERGED: "operations[2]: column 'ernie_image_aes' missing from the output"}
