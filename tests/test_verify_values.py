@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from core_fixtures import FILTER_EXTENSIONS, aes_op, build, dqm_op, read_table, remove, watermark_op, write_table
 
+from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.merge import Job, merge_shard, read_provenance
@@ -17,7 +18,8 @@ from tasks.ops.lineage import Status, absent, appended, renamed
 from tasks.verify.checks import BASE, KEYS, MERGED
 from tasks.verify.compare import read
 from tasks.verify.footers import op_records
-from tasks.verify.values import ShardTask, ShardValues, check_shard, deep_failures, derived_records
+from tasks.scorestats import StatSpec
+from tasks.verify.values import ShardTask, ShardValues, check_shard, deep_failures, derived_records, fold_stats
 
 FIRST, LAST = relpaths(2)  # the demo's watermark sidecar has no sibling for the last shard
 EXTENSIONS = FILTER_EXTENSIONS + [{"name": "ernie_image_aes", "type": "ernie_image_aes_score_v1"},
@@ -105,6 +107,7 @@ def test_check_shard_follows_the_recorded_steps_and_leaves_the_image_out(tmp_pat
     assert (result.rows, result.failures) == (40, {})
     result = check_shard(job, ShardTask(FIRST, deep=True, stats=False, records=None, ranges={}), ())
     assert (result.rows, result.failures) == (40, {})
+    assert deep_failures(job, FIRST, read_table(job.output_uri(FIRST)), None) == {}
 
 
 def test_unreadable_shards_are_one_line_failures(tmp_path):
@@ -158,3 +161,30 @@ def test_a_merges_key_is_compared_in_the_outputs_type_and_missing_columns_are_na
     assert failures == {BASE: "base column 's3_image_path' missing from the output",
                         KEYS: "operations[2]: key column 's3_image_path' missing from the output",
                         MERGED: "operations[2]: column 'ernie_image_aes' missing from the output"}
+
+
+def test_deep_failures_closes_every_file_it_opened(tmp_path, monkeypatch):
+    """The base and the three siblings, opened once each, all closed when the checks return."""
+    _, job = setup_job(tmp_path)
+    merge_shard(job, FIRST)
+    out = read_table(job.output_uri(FIRST))
+    records = op_records(read_provenance(pq.read_metadata(job.output_uri(FIRST))), len(job.pipeline.operations))
+    opened, open_parquet = [], storage.open_parquet
+
+    def recorded(uri, size=None):
+        opened.append(open_parquet(uri, size))
+        return opened[-1]
+
+    monkeypatch.setattr(storage, "open_parquet", recorded)
+    assert deep_failures(job, FIRST, out, records) == {}
+    assert len(opened) == 4 and all(f.closed for f in opened)
+
+
+def test_statistics_leave_out_a_column_the_window_lacks_and_fold_windows_as_one_shard():
+    """A skipped operation's column is not in the window: no statistics for it, those of the next column still."""
+    scores = pa.array([{"raw_score": 1.0}, {"raw_score": 3.0}], pa.struct([("raw_score", pa.float64())]))
+    specs = (StatSpec("skipped", ("raw_score",), False), StatSpec("score", ("raw_score",), False))
+    stats: dict = {}
+    for _ in range(2):
+        fold_stats(stats, pa.table({"score": scores}), specs, {})
+    assert list(stats) == ["score"] and (stats["score"].shards, stats["score"].rows) == (1, 4)
