@@ -14,7 +14,7 @@ from tasks.demo import relpaths
 from tasks.merge import PROVENANCE_KEY, Job, merge_shard, read_provenance
 from tasks.ops import DropColumns, MergeFromSidecar
 from tasks.ops.lineage import (Change, ColumnChange, History, Origin, Status, Step, absent, appended, from_legacy,
-                               removed, renamed, replaced, replay)
+                               removed, renamed, replaced, replay, transformed)
 from tasks.plan import make_plan
 from tasks.verify import verify
 
@@ -54,7 +54,7 @@ def test_a_step_survives_its_provenance_form():
     assert Step.from_dict(record) == Step(step.status, step.lineage, step.input)
     assert [s.value for s in Status] == ["planned", "merged", "dropped", "applied", "skipped_missing_sibling",
                                          "failed"]  # the strings provenance has always held
-    assert {c.value for c in Change} == {"append", "replace", "rename", "remove", "absent"}
+    assert {c.value for c in Change} == {"append", "replace", "rename", "remove", "absent", "transform"}
 
 
 def test_history_tells_a_skipped_supplier_from_a_misconfiguration():
@@ -119,3 +119,12 @@ def test_a_changes_sibling_column_round_trips_through_provenance():
     assert [ColumnChange.from_dict(c.to_dict()) for c in changes] == changes
     layout = replay(["k"], [Step(Status.MERGED, (appended("a", "s"),))])
     assert layout.origin == {"k": Origin("k"), "a": Origin("s", 0)}
+
+
+def test_a_transformed_column_keeps_its_place_and_is_the_steps_own_not_a_siblings():
+    records = [Step(Status.APPLIED, (transformed("b"),)), Step(Status.APPLIED, (renamed("b", "c"),))]
+    layout = replay(["a", "b"], records)
+    assert layout.names == ["a", "c"] and layout.kept == 2
+    assert layout.origin["c"] == Origin("b", 0, transformed=True)
+    assert (layout.origin["c"].step, layout.from_step(0)) == (0, [])  # no sibling column to compare it with
+    assert replay(["a", "b"], [Step(Status.SKIPPED, (transformed("b"),))]).origin["b"] == Origin("b")

@@ -12,7 +12,8 @@ import pytest
 from pydantic import Field
 
 from tasks.ops import DropColumns, RenameColumns
-from tasks.ops.base import NO_INPUT, SIBLINGS, FieldProblem, Input, Operation, OperationSpec, schema_extra
+from tasks.ops.base import (NO_INPUT, SIBLINGS, FieldProblem, Input, Operation, OperationSpec, TableStream,
+                            schema_extra)
 from tasks.ops.lineage import History, Status, Step, appended
 
 
@@ -54,8 +55,9 @@ def test_an_operation_reading_no_sibling_supplies_no_column():
 
 @dataclass(frozen=True)
 class Stamp(Operation):
-    """An operation as an author may write one, relying on the protocol's defaults: it appends `stamp`, the
-    dataset's name and the shard's relpath, and records them; it reads a sibling only if the dataset names one."""
+    """An operation as an author writes one: `stream` only. It appends `stamp` (the dataset's name, the shard's
+    relpath and the row's number in the shard) and records them; it reads a sibling only if the dataset names
+    one."""
 
     type: ClassVar[str] = "stamp"
 
@@ -65,33 +67,48 @@ class Stamp(Operation):
     def input(self, dataset) -> Input | None:
         return Input(dataset.sibling, "id", "id") if dataset.sibling else None
 
-    def plan(self, schema, dataset, relpath, history):
-        raise NotImplementedError
-
-    def apply(self, table, dataset, relpath, history):
+    def stream(self, schema, dataset, relpath, history, rows, window_rows):
         seen = f"{dataset.name}:{relpath}"
-        stamps = pa.array([seen] * table.num_rows, pa.string())
-        return table.append_column("stamp", stamps), Step(Status.APPLIED, (appended("stamp"),), NO_INPUT,
-                                                          {"seen": seen})
+
+        def change(window: pa.Table, offset: int) -> pa.Table:
+            stamps = [f"{seen}#{offset + i}" for i in range(window.num_rows)]
+            return window.append_column("stamp", pa.array(stamps, pa.string()))
+        return TableStream(Step(Status.APPLIED, (appended("stamp"),), NO_INPUT, {"seen": seen}),
+                           schema.append(pa.field("stamp", pa.string())), change)
 
 
-def test_the_default_stream_applies_the_step_to_each_window_with_the_shards_dataset_and_relpath():
-    dataset = SimpleNamespace(name="demo", sibling=None)
-    schema = pa.schema([("id", pa.int64())])
-    stream = Stamp().stream(schema, dataset, "a/b.parquet", History(), rows=3, window_rows=2)
+DATASET = SimpleNamespace(name="demo", sibling=None)
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+def test_a_stream_sees_each_window_with_its_first_row_in_the_shard():
+    stream = Stamp().stream(SCHEMA, DATASET, "a/b.parquet", History(), rows=3, window_rows=2)
     assert stream.step.notes == {"seen": "demo:a/b.parquet"}  # recorded before the first window
-    assert stream.schema == schema.append(pa.field("stamp", pa.string()))
-    window = pa.table({"id": [7, 8]}, schema=schema)
-    assert stream.apply(window, 0).to_pydict() == {"id": [7, 8], "stamp": ["demo:a/b.parquet"] * 2}
-    assert stream.apply(window.slice(1), 2).to_pydict() == {"id": [8], "stamp": ["demo:a/b.parquet"]}
+    assert stream.schema == SCHEMA.append(pa.field("stamp", pa.string()))
+    window = pa.table({"id": [7, 8]}, schema=SCHEMA)
+    assert stream.apply(window, 0).to_pydict() == {"id": [7, 8], "stamp": ["demo:a/b.parquet#0", "demo:a/b.parquet#1"]}
+    assert stream.apply(window.slice(1), 2).to_pydict() == {"id": [8], "stamp": ["demo:a/b.parquet#2"]}
 
 
-def test_the_default_stream_refuses_an_operation_that_reads_a_sibling_of_this_dataset():
+def test_apply_is_the_stream_over_one_window():
+    table = pa.table({"id": [7, 8, 9]}, schema=SCHEMA)
+    out, step = Stamp().apply(table, DATASET, "a/b.parquet", History())
+    assert out.column("stamp").to_pylist() == [f"demo:a/b.parquet#{i}" for i in range(3)]
+    assert step == Step(Status.APPLIED, (appended("stamp"),), NO_INPUT, {"seen": "demo:a/b.parquet"})
+
+
+def test_plan_is_the_stream_opened_on_the_schema_alone_and_planned():
+    schema, step = Stamp().plan(SCHEMA, DATASET, "a/b.parquet", History())
+    assert schema == SCHEMA.append(pa.field("stamp", pa.string()))
+    assert step == Step(Status.PLANNED, (appended("stamp"),), NO_INPUT, {"seen": "demo:a/b.parquet"})
+
+
+def test_the_default_plan_refuses_an_operation_that_reads_a_sibling_of_this_dataset():
     reads = SimpleNamespace(name="demo", sibling="s3://bucket/scores/")
     with pytest.raises(TypeError) as raised:
-        Stamp().stream(pa.schema([("id", pa.int64())]), reads, "a/b.parquet", History(), rows=3, window_rows=2)
-    assert str(raised.value) == ("stamp reads a sibling, so it must define stream(): the default streams "
-                                 "windows through apply(), which sees no sibling")
+        Stamp().plan(SCHEMA, reads, "a/b.parquet", History())
+    assert str(raised.value) == ("stamp reads a sibling, so it must define plan(): the default opens stream(), "
+                                 "which would read the sibling's rows")
 
 
 def test_an_operation_contributes_the_siblings_check_exactly_when_it_reads_a_sibling():

@@ -4,14 +4,17 @@ An operation is a small frozen dataclass subclassing `Operation`, registered by 
 Its YAML fields are a pydantic model (`spec`, a subclass of `OperationSpec`): config validates an entry with it
 (errors `file:line: field: message`) and tasks/schemagen.py publishes its JSON Schema. Callers never reach into
 an operation's fields: they ask for its `input`, its key columns, the columns it may supply, and let it plan,
-apply, describe and verify itself. `plan`/`apply` return a `Step` (tasks/ops/lineage.py): its status and its
-lineage, where every column it affected came from; verify replays lineage, never an operation's fields.
+stream, describe and verify itself. An operation writes one code path, `stream` (its step over a shard, window by
+window); `apply` (a whole table: the `--task-per-operation` chain) is `stream` over one window, and `plan` (from
+footers) is `stream` opened on the schema alone for a step that reads no sibling. Each returns a `Step`
+(tasks/ops/lineage.py): its status and its lineage, where every column it affected came from; verify replays
+lineage, never an operation's fields.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, ClassVar
 
 import pyarrow as pa
@@ -119,13 +122,14 @@ class StepStream(ABC):
 
 
 class TableStream(StepStream):
-    """A step that changes each window by itself (or not at all: `change` None)."""
+    """A step that changes each window by itself (or not at all: `change` None). `change(window, offset)`:
+    `offset` is the window's first row in the shard, for messages naming a row (`offset + i`)."""
 
-    def __init__(self, step: Step, schema: pa.Schema, change: Callable[[pa.Table], pa.Table] | None = None):
+    def __init__(self, step: Step, schema: pa.Schema, change: Callable[[pa.Table, int], pa.Table] | None = None):
         self.step, self.schema, self.change = step, schema, change
 
     def apply(self, window: pa.Table, offset: int) -> pa.Table:
-        return self.change(window) if self.change else window
+        return self.change(window, offset) if self.change else window
 
 
 def whole(stream: StepStream, table: pa.Table) -> pa.Table:
@@ -191,29 +195,32 @@ class Operation(ABC):
 
     # ---------------------------------------------------------------- the step
     @abstractmethod
-    def plan(self, schema: pa.Schema, dataset, relpath: str, history: History) -> tuple[pa.Schema, Step]:
-        """The schema after this step and its record (status PLANNED unless skipped), from footers only (dry
-        run, verify without provenance). `history`: what the earlier steps did on this shard.
-        Raises FileNotFoundError for a missing sibling and ShardError for what cannot work."""
-
-    @abstractmethod
-    def apply(self, table: pa.Table, dataset, relpath: str, history: History) -> tuple[pa.Table, Step]:
-        """The step on one shard: the new table and its record (status, input, the lineage of every column it
-        affected), kept in provenance beside `to_dict()`. `history`: what the earlier steps did on this shard,
-        e.g. which skipped step explains a column's absence."""
-
     def stream(self, schema: pa.Schema, dataset, relpath: str, history: History, rows: int,
                window_rows: int) -> StepStream:
-        """The step over a shard of `rows` rows seen in windows of `window_rows` rows (the last may be shorter;
-        the streaming merge): what it can tell
-        from footers is checked and recorded now (its Step), each window then goes through `StepStream.apply`.
-        By default each window goes through `apply`, which suits a step that needs nothing but the table's
-        own rows; an operation that reads a sibling overrides this."""
+        """The step over a shard of `rows` rows whose table has `schema`, seen in windows of `window_rows` rows
+        (the last may be shorter). What it can tell from footers is checked and recorded now, as the stream's
+        `step` (status, input, the lineage of every column it affects; kept in provenance beside `to_dict()`)
+        and `schema` (the table's after it); each window then goes through `StepStream.apply(window, offset)`.
+        `history`: what the earlier steps did on this shard, e.g. which skipped step explains a column's
+        absence. A step that changes each window by itself returns a `TableStream`. Raises ShardError for what
+        cannot work on this shard (FileNotFoundError for a missing required sibling)."""
+
+    def apply(self, table: pa.Table, dataset, relpath: str, history: History) -> tuple[pa.Table, Step]:
+        """The step on a whole table (the `--task-per-operation` chain): `stream` over one window."""
+        stream = self.stream(table.schema, dataset, relpath, history, table.num_rows, table.num_rows)
+        return whole(stream, table), stream.step
+
+    def plan(self, schema: pa.Schema, dataset, relpath: str, history: History) -> tuple[pa.Schema, Step]:
+        """The schema after this step and its record (status PLANNED unless skipped), from footers only (dry
+        run, verify without provenance). By default `stream` opened on the schema alone and closed, which suits
+        a step that reads no sibling; an operation that reads one overrides this to read only its footer."""
         if self.input(dataset) is not None:
-            raise TypeError(f"{self.type} reads a sibling, so it must define stream(): the default streams "
-                            "windows through apply(), which sees no sibling")
-        empty, step = self.apply(schema.empty_table(), dataset, relpath, history)
-        return TableStream(step, empty.schema, lambda window: self.apply(window, dataset, relpath, history)[0])
+            raise TypeError(f"{self.type} reads a sibling, so it must define plan(): the default opens stream(), "
+                            "which would read the sibling's rows")
+        stream = self.stream(schema, dataset, relpath, history, 0, 0)
+        stream.close()
+        step = stream.step
+        return stream.schema, step if not step.applied else replace(step, status=Status.PLANNED)
 
     # ---------------------------------------------------------------- dry run and verify
     def dry_run_lines(self, dataset) -> tuple[str, list[str]]:

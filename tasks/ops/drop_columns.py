@@ -12,7 +12,8 @@ import pyarrow as pa
 from pydantic import ConfigDict, Field
 
 from tasks.errors import ShardError
-from tasks.ops.base import NO_INPUT, ColumnList, FieldProblem, Findings, Operation, OperationSpec, schema_extra
+from tasks.ops.base import (NO_INPUT, ColumnList, FieldProblem, Findings, Operation, OperationSpec,
+                            TableStream, schema_extra)
 from tasks.ops.lineage import History, Status, Step, legacy_lists, removed
 from tasks.validation import Says
 
@@ -75,15 +76,13 @@ class DropColumns(Operation):
             raise ShardError(f"column(s) {', '.join(absent)} to drop not in the table at this step (it has: "
                              f"{', '.join(names)}); check `columns` against the base and earlier operations")
 
-    def plan(self, schema: pa.Schema, dataset, relpath: str, history: History) -> tuple[pa.Schema, Step]:
+    def stream(self, schema: pa.Schema, dataset, relpath: str, history: History, rows: int,
+               window_rows: int) -> TableStream:
         self._absent(schema.names)
         for col in self.columns:
             schema = schema.remove(schema.get_field_index(col))
-        return schema, self._record(Status.PLANNED)
-
-    def apply(self, table: pa.Table, dataset, relpath: str, history: History) -> tuple[pa.Table, Step]:
-        self._absent(table.column_names)
-        return table.drop_columns(list(self.columns)), self._record(Status.DROPPED)
+        return TableStream(self._record(Status.DROPPED), schema,
+                           lambda window, offset: window.drop_columns(list(self.columns)))
 
     def _record(self, status: Status) -> Step:
         lineage = tuple(removed(c) for c in self.columns)

@@ -1,8 +1,8 @@
 """Column lineage as data: what each step did to each column, and the one replay of it.
 
 Every step's record (`Step`) carries its `status` and its `lineage`: one `ColumnChange` per column the step
-affects, saying where the column came from (the sibling's column `sibling`, or the table's column `was` under a
-new name) or that it was removed. The kernel writes it into provenance (`Step.to_dict`), `Step.from_dict`
+affects, saying where the column came from (the sibling's column `sibling`, the table's column `was` under a
+new name, or the column's own values before the step, transformed by it) or that it was removed. The kernel writes it into provenance (`Step.to_dict`), `Step.from_dict`
 reads it back (and converts the `appended`/`replaced`/`removed` lists that outputs of earlier versions
 recorded), and `replay` turns the base schema plus the records into the expected output layout and each output
 column's origin. Verify replays only here and never asks an operation what it did.
@@ -42,6 +42,7 @@ class Change(str, Enum):
     REPLACE = "replace"  # an existing column's values, in place, from the sibling's column `sibling`
     RENAME = "rename"    # the table's column `was`, in place, now called `column`
     REMOVE = "remove"    # `column` taken out of the table
+    TRANSFORM = "transform"  # `column`'s values, in place, made by the step from the column's own values before it
     ABSENT = "absent"    # `column` would be the table's `was`, but `was` is absent: a skipped step did not supply it
 
 
@@ -79,6 +80,10 @@ def renamed(was: str, column: str) -> ColumnChange:
 
 def removed(column: str) -> ColumnChange:
     return ColumnChange(column, Change.REMOVE)
+
+
+def transformed(column: str) -> ColumnChange:
+    return ColumnChange(column, Change.TRANSFORM)
 
 
 def absent(was: str, column: str) -> ColumnChange:
@@ -133,10 +138,12 @@ class Step:
 
 @dataclass(frozen=True)
 class Origin:
-    """Where an output column's values come from: the base's column, or the sibling column of operations[step]."""
+    """Where an output column's values come from: the base's column, the sibling column of operations[step], or
+    (`transformed`) operations[step] itself, from the column `column`'s values before that step."""
 
     column: str
     step: int | None = None
+    transformed: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,7 +172,7 @@ class Layout:
 
     def from_step(self, index: int) -> list[tuple[str, str]]:
         """(output column, sibling column) for every output column operations[index]'s sibling supplied."""
-        return [(name, o.column) for name, o in self.columns if o.step == index]
+        return [(name, o.column) for name, o in self.columns if o.step == index and not o.transformed]
 
 
 def replay(base: Sequence[str], records: Sequence[Step] | None) -> Layout:
@@ -193,6 +200,9 @@ def replay(base: Sequence[str], records: Sequence[Step] | None) -> Layout:
                     slot[0] = c.column
             elif c.change is Change.ABSENT:
                 explained.add(c.column)
+            elif c.change is Change.TRANSFORM:
+                if slot:
+                    slot[1] = Origin(c.column, index, transformed=True)
             elif slot:  # APPEND or REPLACE of a present column
                 slot[1] = Origin(c.sibling or c.column, index)
             else:

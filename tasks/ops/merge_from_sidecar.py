@@ -17,8 +17,8 @@ from tasks import storage
 from tasks.errors import ShardError
 from tasks.models import ColumnName, Prefix
 from tasks.ops.alignment import Alignment, check_row_counts, comparable
-from tasks.ops.base import (ABSENT, ColumnList, FieldProblem, Findings, Input, Operation, OperationSpec, StepStream,
-                            TableStream, schema_extra, whole)
+from tasks.ops.base import (ABSENT, ColumnList, FieldProblem, Findings, Input, Operation, OperationSpec,
+                            StepStream, TableStream, schema_extra)
 from tasks.ops.lineage import History, Status, Step, appended, legacy_lists, replaced
 from tasks.parquet_errors import unreadable_parquet
 from tasks.validation import Says
@@ -162,10 +162,6 @@ class MergeFromSidecar(Operation):
             source = pq.ParquetFile(f).schema_arrow
         cols = self.column_plan(current, source, dataset)
         return _apply_schema(current, source, cols), self._record(Status.PLANNED, cols)
-
-    def apply(self, table: pa.Table, dataset, relpath: str, history: History) -> tuple[pa.Table, Step]:
-        stream = self.stream(table.schema, dataset, relpath, history, table.num_rows, table.num_rows)
-        return whole(stream, table), stream.step
 
     def stream(self, schema: pa.Schema, dataset, relpath: str, history: History, rows: int,
                window_rows: int) -> StepStream:

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, ConfigDict, Field
 
 from tasks.errors import ShardError
 from tasks.models import ColumnName
-from tasks.ops.base import NO_INPUT, FieldProblem, Findings, Operation, OperationSpec
+from tasks.ops.base import NO_INPUT, FieldProblem, Findings, Operation, OperationSpec, TableStream
 from tasks.ops.lineage import ColumnChange, History, Status, Step, absent, renamed
 from tasks.validation import Items, Says
 
@@ -126,17 +126,14 @@ class RenameColumns(Operation):
         new = {c.was: c.column for c in lineage if c.was in names}
         return [new.get(n, n) for n in names]
 
-    def plan(self, schema: pa.Schema, dataset, relpath: str, history: History) -> tuple[pa.Schema, Step]:
+    def stream(self, schema: pa.Schema, dataset, relpath: str, history: History, rows: int,
+               window_rows: int) -> TableStream:
         lineage = self._lineage(schema.names, history)
         names = self._new_names(schema.names, lineage)
         for i, name in enumerate(names):
             schema = schema.set(i, schema.field(i).with_name(name))
-        return schema, Step(Status.PLANNED, lineage, NO_INPUT)
-
-    def apply(self, table: pa.Table, dataset, relpath: str, history: History) -> tuple[pa.Table, Step]:
-        lineage = self._lineage(table.column_names, history)
-        return table.rename_columns(self._new_names(table.column_names, lineage)), Step(Status.APPLIED, lineage,
-                                                                                          NO_INPUT)
+        return TableStream(Step(Status.APPLIED, lineage, NO_INPUT), schema,
+                           lambda window, offset: window.rename_columns(names))
 
     def compare_values(self, shard, index: int, record) -> Findings:
         """An old name is not in the output, unless a later operation supplied it again. (Renamed columns are

@@ -161,6 +161,18 @@ class ShardValues:
         replayed from the records over the base."""
         return replay(self.base.column_names, self.records)
 
+    def before(self, index: int, name: str) -> pa.ChunkedArray | None:
+        """Column `name`'s values in this window as they were before operations[index] (replayed from the
+        records before it): the base's, or an earlier step's sibling's; None when an earlier step transformed it
+        (what it made is not reproduced here) or the column was not there."""
+        origin = replay(self.base.column_names, self.records[:index]).origin.get(name)
+        if origin is None or origin.transformed:
+            return None
+        if origin.step is None:
+            return self.base[origin.column]
+        source = self.job.pipeline.operations[origin.step].input(self.dataset)
+        return self.read(source.uri(self.relpath), [origin.column])[origin.column]
+
     @cached_property
     def findings(self) -> list[Findings]:
         """Each operation's own value checks, run once and shared by the checks reporting them."""
