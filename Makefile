@@ -31,7 +31,7 @@ mutants: install
 	$(BIN)/python tests/mutants.py --write-doc
 
 # mutmut over the guarantee modules (pyproject.toml [tool.mutmut]), resumable; then the score per module against
-# the triage file tests/mutation-survivors.txt, written into docs/guarantees.md. Hours on 2 cores: not in CI.
+# the triage files tests/mutation_survivors/<module>.txt, written into docs/guarantees.md. Hours on 2 cores: not in CI.
 # MUTATE=<glob> limits the run (e.g. MUTATE='tasks.ops.alignment*'); MUTATE_JOBS sets mutmut's children.
 MUTATE ?=
 MUTATE_JOBS ?= 1

@@ -3,7 +3,7 @@
 mutmut (configured in pyproject.toml, [tool.mutmut]) mutates the modules that hold a guarantee and runs, for each
 mutant, the fast-tier tests that reach the mutated function; its results live in mutants/**/*.meta (resumable:
 `mutmut run` again continues, and re-tests only functions whose code changed). This script reads them with the
-triage file tests/mutation-survivors.txt and prints, per module: mutants generated, killed, survived and triaged
+triage files (tests/mutation_survivors/) and prints, per module: mutants generated, killed, survived and triaged
 as equivalent, survived untriaged, and the score (killed / generated: an equivalent is not a kill).
 
 Triage files (tests/mutation_survivors/<module>.txt), one surviving mutant a line, either
