@@ -225,7 +225,8 @@ def flow_run_named(name: str):
     return found
 
 
-def merge_dag(setup, rels, operations: int = 3) -> set[str]:
-    """The task runs of a default merge run: a listing a prefix, a merge a shard, the run's check."""
+def merge_dag(output: str, rels, operations: int = 3) -> set[str]:
+    """The task runs of a default merge run into `output` (the normalized prefix): a listing a prefix (the base,
+    each operation's sibling prefix, the output), a merge a shard, the run's check."""
     return {"list main_prefix", *(f"list operations[{i}].source_prefix" for i in range(operations)),
-            "list output prefix", *(f"merge {rel}" for rel in rels), f"verify run {setup.output}"}
+            "list output prefix", *(f"merge {rel}" for rel in rels), f"verify run {output}"}

@@ -36,7 +36,7 @@ def test_fused_run_equals_the_chain_and_records_one_task_per_shard(tmp_path, run
     assert summary_counts(out) == (4, 4, 0, 0)
     assert "operations skipped for missing siblings (required: false): 1" in out
     assert_output_equals_inputs(fused)
-    dag = merge_dag(fused, REL)  # a duplicate task run would count twice
+    dag = merge_dag(fused.output, REL)  # a duplicate task run would count twice
     runs = task_runs(flow_run_named(f"merge {fused.pipeline}").id, dag)
     assert Counter(r.name for r in runs) == Counter(dag)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from core_fixtures import build
+from core_fixtures import build, merge_dag
 from ray_fixtures import driver_env, finish, kill_tagged, new_tag, no_errors, start_run, tagged
 
 from flows.server import free_port, healthy, stop
@@ -129,8 +129,8 @@ def ray_run(setup, tmp_path_factory):
             "leftovers": leftovers}
 
 
-def expected_task_runs() -> set[str]:
-    return {f"merge {rel}" for rel in relpaths(SHARDS)}  # one task a shard (the default layout)
+def expected_task_runs(out: str) -> set[str]:
+    return merge_dag(out, relpaths(SHARDS))  # the listings, one task a shard (the default layout), the check
 
 
 # ----------------------------------------------------------------- item 3: one Prefect API for the run
@@ -153,7 +153,7 @@ def test_ray_run_starts_one_prefect_server_that_every_worker_reports_to(ray_run)
         (flow_run,) = client.read_flow_runs()
         task_runs = client.read_task_runs(limit=200)
     assert flow_run.state.is_completed()
-    assert sorted(t.name for t in task_runs) == sorted(expected_task_runs())
+    assert sorted(t.name for t in task_runs) == sorted(expected_task_runs(run["out"]))
     assert {t.flow_run_id for t in task_runs} == {flow_run.id}
     assert all(t.state.is_completed() for t in task_runs), [(t.name, t.state) for t in task_runs]
 

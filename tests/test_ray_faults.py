@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from core_fixtures import build, expected_output, read_table
+from core_fixtures import build, expected_output, merge_dag, read_table
 from ray_fixtures import (
     busy_workers,
     driver_env,
@@ -182,8 +182,9 @@ def test_killed_worker_retries_its_shard_task_and_every_shard_verifies(cluster, 
         assert any(t.state == "FINISHED" for t in retried), f"task {dead.task_id} was not retried to completion"
 
     # Prefect saw every task run of the flow end Completed, the retried one included (same task run id).
-    task_runs = flow_task_runs(setup.pipeline, expected=shards)  # one task a shard (the default layout)
-    assert sorted(t.name for t in task_runs) == sorted(f"merge {rel}" for rel in relpaths(shards))
+    dag = merge_dag(setup.output, relpaths(shards))  # the listings, one task a shard (the default layout), the check
+    task_runs = flow_task_runs(setup.pipeline, expected=len(dag))
+    assert sorted(t.name for t in task_runs) == sorted(dag)
     assert all(t.state.is_completed() for t in task_runs), [(t.name, t.state) for t in task_runs]
 
     assert watcher.reads > 0 and watcher.problems == [], watcher.problems

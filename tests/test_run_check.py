@@ -110,7 +110,7 @@ def test_the_run_shows_its_listings_merges_and_check_and_publishes_the_check(tmp
     assert code == 0, out + err
     assert "run check passed: one output per base shard" in err + out
     flow_run = flow_run_named(f"merge {setup.pipeline}")
-    wanted = merge_dag(setup, REL)
+    wanted = merge_dag(setup.output, REL)
     assert "list operations[2].source_prefix" in wanted and f"verify run {setup.output}" in wanted
     runs = task_runs(flow_run.id, wanted)
     assert sorted(r.name for r in runs) == sorted(wanted)  # one task a listing, a shard, the check: no more
