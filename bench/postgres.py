@@ -32,11 +32,12 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from core_fixtures import build  # noqa: E402
+from core_fixtures import build, merge_dag  # noqa: E402
 from postgres_fixtures import BIN, postgres, prefect_server, tree_cpu  # noqa: E402
 from ray_fixtures import TAG, kill_tagged, new_tag  # noqa: E402
 
-STEPS = 4  # three operations + verify per shard
+from tasks.demo import relpaths  # noqa: E402
+
 RECORD_TIMEOUT = 600
 
 
@@ -117,8 +118,9 @@ def measure(args, work: Path, flags: list[str]) -> None:
         empty = db_size(pg, work / "home-sqlite")
         for repeat in range(args.repeats + 1):  # round 0 warms caches and is not counted
             for name, (api, pids) in servers.items():
-                r = one_run(api, pids, data, f"{data.root}out-{name}-{repeat}/", work / f"driver-{name}", flags,
-                            args.shards * STEPS)
+                output = f"{data.root}out-{name}-{repeat}/"
+                dag = merge_dag(output, relpaths(args.shards))  # the listings, a task a shard, the run's check
+                r = one_run(api, pids, data, output, work / f"driver-{name}", flags, len(dag))
                 load.append(r["load"])
                 print(f"round {repeat} {name}: {r['wall']:.1f} s end to end, flow {r['flow']:.1f} s, recorded "
                       f"{r['recorded']:.1f} s, server cpu {r['server_cpu']:.1f} s, db cpu {r['db_cpu']:.1f} s, "

@@ -17,7 +17,7 @@ from datetime import timedelta
 import pytest
 from pydantic import TypeAdapter
 
-from core_fixtures import build
+from core_fixtures import build, merge_dag
 from postgres_fixtures import BIN, pg_bindir, postgres, prefect_server
 from ray_fixtures import driver_env, kill_tagged, new_tag, no_errors, run
 from test_deploy_e2e import ROOT
@@ -91,12 +91,14 @@ def merge_through(pg, api, data, shards: int, name: str, *flags: str) -> None:
     # the run used the given server: it started none of its own (that one would log into the driver's home)
     assert not (home / "sidecar-ops-server.log").exists()
 
-    assert recorded(pg, output, shards * STEPS) == {"COMPLETED": shards * STEPS}
+    dag = merge_dag(output, relpaths(shards))  # the listings, one task a shard (STEPS), the run's check
+    assert len(dag) == shards * STEPS + 6
+    assert recorded(pg, output, len(dag)) == {"COMPLETED": len(dag)}
     flow_state = pg.psql(f"select state_type from flow_run where parameters->>'output_prefix' = '{output}'")
     assert flow_state == "COMPLETED"
     names = pg.psql("select t.name from task_run t join flow_run f on f.id = t.flow_run_id "
                     f"where f.parameters->>'output_prefix' = '{output}'").splitlines()
-    assert sorted(names) == sorted(f"merge {rel}" for rel in relpaths(shards))
+    assert sorted(names) == sorted(dag)
 
     check = subprocess.run([str(BIN / "sidecar-ops"), "verify", str(data.pipeline), "--output-prefix", output,
                             "--samples", "20"], env=driver_env(tag, home, url), capture_output=True, text=True,
