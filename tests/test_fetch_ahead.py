@@ -4,6 +4,8 @@ memory is exactly what a plain read gives. Requests are seen at the proxy in fro
 by holding requests there (never by timing)."""
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 import threading
 
@@ -105,7 +107,7 @@ def test_a_large_object_comes_as_its_tail_then_parallel_parts_of_the_wanted_colu
         assert not any(s <= start < e for s, e in image), (start, image)
 
 
-def test_what_was_not_fetched_is_read_then_and_a_failed_fetch_reads_as_usual(tmp_path):
+def test_what_was_not_fetched_is_read_then_and_a_failed_fetch_reads_as_usual(tmp_path, caplog):
     data = bytes(range(256)) * 4
     asked = []
 
@@ -127,8 +129,132 @@ def test_what_was_not_fetched_is_read_then_and_a_failed_fetch_reads_as_usual(tmp
         raise ConnectionError("injected")
 
     ahead.fetch("s3://x/y.parquet", "size=10;etag=e", 10, {}, lambda c: True, failing)
-    assert ahead.take("s3://x/y.parquet", "size=10;etag=e") is None  # open_parquet then reads as usual
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger=ahead.__name__):
+        assert ahead.take("s3://x/y.parquet", "size=10;etag=e") is None  # open_parquet then reads as usual
+    assert [r.getMessage() for r in caplog.records] == ["fetching s3://x/y.parquet ahead failed (injected): "
+                                                        "reading it now"]
     assert ahead.waiting() == 0
+
+
+def test_a_fetched_object_reads_like_a_file_from_its_start_to_its_end(caplog):
+    """From its first byte (before any seek), position kept across reads, read(0) and a read at the end give
+    nothing; a read within one range is a view of the bytes fetched (no copy), one across two is joined, and
+    one running past the last range fetched asks for the whole of it then (said at debug level)."""
+    data = bytes(range(256)) * 4
+    first, second = data[:100], data[100:200]
+    asked = []
+
+    def read_range(start, end):
+        asked.append((start, end))
+        return data[start:end]
+
+    f = ahead.Fetched(len(data), {}, [(100, second), (0, first)], read_range)
+    assert bytes(f.read(10)) == data[:10] and f.tell() == 10
+    assert bytes(f.read(0)) == b"" and f.tell() == 10
+    whole = f.read(90)  # up to the exact end of the first range
+    assert isinstance(whole, memoryview) and whole.obj is first and bytes(whole) == data[10:100]
+    assert f.read(60) == data[100:160] and f.tell() == 160 and asked == []
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger=ahead.__name__):
+        assert bytes(f.read(100)) == data[160:260] and asked == [(160, 260)]
+    assert [r.getMessage() for r in caplog.records] == ["read of bytes 160-260 was not fetched ahead"]
+    f.seek(0, 2)
+    assert bytes(f.read()) == b"" and bytes(f.read(5)) == b"" and f.tell() == len(data)
+
+
+def test_objects_that_fill_the_budget_exactly_are_all_fetched_and_an_empty_one_never(monkeypatch):
+    monkeypatch.setattr(ahead, "BUDGET", 100)
+    asked = []
+
+    def read_range(start, end):
+        asked.append((start, end))
+        return b"x" * (end - start)
+
+    ahead.fetch("s3://b/empty.parquet", "e", 0, {}, lambda c: True, read_range)
+    assert ahead.waiting() == 0
+    ahead.fetch("s3://b/one.parquet", "o", 1, {}, lambda c: True, read_range)
+    ahead.fetch("s3://b/rest.parquet", "r", 99, {}, lambda c: True, read_range)
+    assert ahead.waiting("s3://b/one.parquet") == ahead.waiting("s3://b/rest.parquet") == 1
+    assert bytes(ahead.take("s3://b/one.parquet", "o").read()) == b"x"
+    assert ahead.take("s3://b/rest.parquet", "r").size == 99
+    ahead.fetch("s3://b/all.parquet", "a", 100, {}, lambda c: True, read_range)
+    assert ahead.take("s3://b/all.parquet", "a").size == 100
+    assert sorted(asked) == [(0, 1), (0, 99), (0, 100)]
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=100)
+    return sink.getvalue().to_pybytes()
+
+
+def recorded(data: bytes, asked: list):
+    def read_range(start, end):
+        asked.append((start, end))
+        return data[start:end]
+    return read_range
+
+
+def chunk_ranges(meta: pq.FileMetaData, column: str) -> list[tuple[int, int]]:
+    """(start, end) of every chunk of the leaves of a top-level column, in file order."""
+    out = []
+    for g in range(meta.num_row_groups):
+        for c in range(meta.num_columns):
+            col = meta.row_group(g).column(c)
+            if col.path_in_schema.split(".")[0] == column:
+                start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+                out.append((start, start + col.total_compressed_size))
+    return out
+
+
+@pytest.mark.parametrize("tail", ["shorter than the footer", "exactly the footer", "from a wanted chunk"])
+def test_a_footer_beyond_the_tail_is_fetched_before_the_wanted_columns(monkeypatch, tail):
+    """The tail first; a footer longer than it, the rest of the footer in one more GET (none when the tail
+    holds exactly the footer); then the chunks of the wanted (nested) column before the tail, in one span
+    across gaps under GAP. The wanted column then reads from memory alone, another one through a GET then."""
+    columns = {f"c{i}": pa.array(range(2000), pa.int64()) for i in range(100)}
+    columns["s"] = pa.StructArray.from_arrays([pa.array(range(2000)), pa.array([f"v{i}" for i in range(2000)])],
+                                              ["x", "y"])
+    table = pa.table(columns)
+    data = parquet_bytes(table)
+    size, footer = len(data), int.from_bytes(data[-8:-4], "little") + 8
+    assert footer > ahead.FOOTER_READ  # pyarrow's first read of a footer never holds all of this one
+    wanted = chunk_ranges(pq.read_metadata(pa.BufferReader(data)), "s")
+    gaps = [b[0] - a[1] for a, b in itertools.pairwise(wanted)]
+    monkeypatch.setattr(ahead, "GAP", max(gaps) + 1)
+    assert wanted[-1][0] + wanted[-2][1] > ahead.GAP  # far into the object: a gap is not an offset
+    length = {"shorter than the footer": ahead.FOOTER_READ, "exactly the footer": footer,
+              "from a wanted chunk": size - wanted[-2][0]}[tail]  # the last row group's s.x: nothing of it
+    monkeypatch.setattr(ahead, "TAIL", length)
+    asked: list = []
+    fetched = ahead._fetch(size, {}, lambda c: c == "s", recorded(data, asked), ahead._pools()[1])
+    tail_start = size - length
+    assert asked[0] == (tail_start, size)
+    extended = footer > length
+    if extended:
+        assert asked[1] == (size - footer, tail_start)
+    before_tail = [(s, e) for s, e in wanted if s < tail_start]
+    assert asked[1 + extended:] == [(before_tail[0][0], before_tail[-1][1])]
+    del asked[:]
+    assert pq.ParquetFile(fetched).read(columns=["s"]).equals(table.select(["s"])) and asked == []
+    assert pq.ParquetFile(fetched).read(columns=["c5"]).equals(table.select(["c5"])) and asked
+    monkeypatch.setattr(ahead, "GAP", max(gaps))  # a gap of exactly GAP is not bridged
+    spans = ahead._spans(pq.read_metadata(pa.BufferReader(data)), lambda c: c == "s", size)
+    assert len(spans) == 1 + gaps.count(max(gaps)) > 1
+    assert spans[0][0] == wanted[0][0] and spans[-1][1] == wanted[-1][1]
+
+
+def test_an_object_that_is_no_parquet_file_is_not_fetched_beyond_its_tail(monkeypatch, caplog):
+    monkeypatch.setattr(ahead, "TAIL", ahead.FOOTER_READ)
+    data = os.urandom(2 * ahead.FOOTER_READ) + (10).to_bytes(4, "little") + b"PAR2"
+    asked: list = []
+    ahead.fetch("s3://b/x.parquet", "x", len(data), {}, lambda c: True, recorded(data, asked))
+    with caplog.at_level(logging.DEBUG, logger=ahead.__name__):
+        assert ahead.take("s3://b/x.parquet", "x") is None
+    assert asked == [(len(data) - ahead.FOOTER_READ, len(data))]
+    assert [r.getMessage() for r in caplog.records] == [
+        "fetching s3://b/x.parquet ahead failed (not a parquet file): reading it now"]
 
 
 def test_the_byte_budget_drops_the_oldest_and_never_fetches_what_exceeds_it(monkeypatch):
