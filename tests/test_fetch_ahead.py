@@ -132,8 +132,8 @@ def test_what_was_not_fetched_is_read_then_and_a_failed_fetch_reads_as_usual(tmp
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger=ahead.__name__):
         assert ahead.take("s3://x/y.parquet", "size=10;etag=e") is None  # open_parquet then reads as usual
-    assert [r.getMessage() for r in caplog.records] == ["fetching s3://x/y.parquet ahead failed (injected): "
-                                                        "reading it now"]
+    assert [r.getMessage() for r in caplog.records] == [("fetching s3://x/y.parquet ahead failed (injected): "
+                                                         "reading it now")]
     assert ahead.waiting() == 0
 
 
