@@ -5,9 +5,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pyarrow as pa
+import pytest
 from core_fixtures import three_ops
 
+from tasks.errors import ShardError
 from tasks.ops import MergeFromSidecar
+
+DATASET = SimpleNamespace(key_column="image_key", image_column="image")
 
 
 def example(p: dict) -> list[dict]:
@@ -18,7 +23,7 @@ def example(p: dict) -> list[dict]:
 def test_dry_run_lines_name_mode_columns_and_the_columns_never_taken():
     """The dry run's line for the step, and one note for each listed column the sidecar never supplies (the
     dataset's key and image columns); with no columns listed, every column: '(all)', no note."""
-    dataset = SimpleNamespace(key_column="image_key", image_column="image")
+    dataset = DATASET
     listed = MergeFromSidecar("s3://b/dqm/", ("image_key", "dqm", "image"), "prefer_sidecar")
     assert listed.dry_run_lines(dataset) == (
         "merge_from_sidecar from s3://b/dqm/ mode=prefer_sidecar columns=['image_key', 'dqm', 'image']",
@@ -28,3 +33,24 @@ def test_dry_run_lines_name_mode_columns_and_the_columns_never_taken():
     every = MergeFromSidecar("s3://b/aes/")
     assert every.dry_run_lines(dataset) == ("merge_from_sidecar from s3://b/aes/ mode=fill_missing columns=['(all)']",
                                             [])
+
+
+def strings(names: list[str]) -> pa.Schema:
+    return pa.schema([(name, pa.string()) for name in names])
+
+
+@pytest.mark.parametrize("current, source, message", [
+    (["image_key", "width"], ["path", "aes"],
+     ("key column 'path' is not in the table being merged (it has: image_key, width); inspect the upstream "
+      "base sidecar - there is no fallback to filename or basename matching")),
+    (["image_key", "path"], ["image_key", "aes"],
+     "source key column 'path' is not in the source shard (it has: image_key, aes); inspect the score sidecar"),
+    (["image_key", "path"], ["path", "score"],
+     "column(s) aes not in the source shard (it has: path, score); check `columns` against the score sidecar"),
+])
+def test_a_column_plan_the_footers_refuse_is_one_line(current, source, message):
+    """Keys by `path` on both sides, taking `aes`: each thing the footers lack, named with what they have."""
+    op = MergeFromSidecar("s3://b/aes/", ("aes",), target_key_column="path", source_key_column="path")
+    with pytest.raises(ShardError) as info:
+        op.column_plan(strings(current), strings(source), DATASET)
+    assert str(info.value) == message
