@@ -12,7 +12,7 @@ from core_fixtures import three_ops
 from tasks.errors import ShardError
 from tasks.ops import MergeFromSidecar
 
-DATASET = SimpleNamespace(key_column="image_key", image_column="image")
+KEYS_ONLY = SimpleNamespace(key_column="image_key", image_column="image")  # not DATASET: test_operations reads that name
 
 
 def example(p: dict) -> list[dict]:
@@ -23,7 +23,7 @@ def example(p: dict) -> list[dict]:
 def test_dry_run_lines_name_mode_columns_and_the_columns_never_taken():
     """The dry run's line for the step, and one note for each listed column the sidecar never supplies (the
     dataset's key and image columns); with no columns listed, every column: '(all)', no note."""
-    dataset = DATASET
+    dataset = KEYS_ONLY
     listed = MergeFromSidecar("s3://b/dqm/", ("image_key", "dqm", "image"), "prefer_sidecar")
     assert listed.dry_run_lines(dataset) == (
         "merge_from_sidecar from s3://b/dqm/ mode=prefer_sidecar columns=['image_key', 'dqm', 'image']",
@@ -52,5 +52,5 @@ def test_a_column_plan_the_footers_refuse_is_one_line(current, source, message):
     """Keys by `path` on both sides, taking `aes`: each thing the footers lack, named with what they have."""
     op = MergeFromSidecar("s3://b/aes/", ("aes",), target_key_column="path", source_key_column="path")
     with pytest.raises(ShardError) as info:
-        op.column_plan(strings(current), strings(source), DATASET)
+        op.column_plan(strings(current), strings(source), KEYS_ONLY)
     assert str(info.value) == message
