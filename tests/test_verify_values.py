@@ -3,10 +3,12 @@ output has no provenance (derived from the sources' footers), and the lines a sa
 from __future__ import annotations
 
 import re
+from contextlib import ExitStack
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 from core_fixtures import FILTER_EXTENSIONS, aes_op, build, dqm_op, read_table, remove, watermark_op, write_table
 
 from tasks import storage
@@ -15,11 +17,13 @@ from tasks.demo import relpaths
 from tasks.merge import Job, merge_shard, read_provenance
 from tasks.ops.base import NO_INPUT
 from tasks.ops.lineage import Status, absent, appended, renamed
+from tasks.errors import ShardError
+from tasks.scorestats import StatSpec
 from tasks.verify.checks import BASE, KEYS, MERGED
 from tasks.verify.compare import read
 from tasks.verify.footers import op_records
-from tasks.scorestats import StatSpec
-from tasks.verify.values import ShardTask, ShardValues, check_shard, deep_failures, derived_records, fold_stats
+from tasks.verify.values import (ShardTask, ShardValues, Streams, check_shard, deep_failures, derived_records,
+                                 fold_stats)
 
 FIRST, LAST = relpaths(2)  # the demo's watermark sidecar has no sibling for the last shard
 EXTENSIONS = FILTER_EXTENSIONS + [{"name": "ernie_image_aes", "type": "ernie_image_aes_score_v1"},
@@ -188,3 +192,24 @@ def test_statistics_leave_out_a_column_the_window_lacks_and_fold_windows_as_one_
     for _ in range(2):
         fold_stats(stats, pa.table({"score": scores}), specs, {})
     assert list(stats) == ["score"] and (stats["score"].shards, stats["score"].rows) == (1, 4)
+
+
+def test_streams_start_a_late_reader_at_its_rows_and_a_failed_one_stays_failed(tmp_path):
+    """A 10-row shard read in windows of 3 (or 1): a file first asked for at row 7 (or 1) starts there. A file of
+    another row count fails where it is first asked; after row 0 that leaves the shard broken (the checks stop),
+    and asking it again fails the same way."""
+    whole, short = str(tmp_path / "whole.parquet"), str(tmp_path / "short.parquet")
+    pq.write_table(pa.table({"k": list(range(10))}), whole, row_group_size=4)
+    pq.write_table(pa.table({"k": list(range(5))}), short)
+    with ExitStack() as stack:
+        for window, offset in ((3, 7), (1, 1)):
+            late = Streams(10, stack, window_rows=window).take(whole, ["k"], offset, window)
+            assert late["k"].to_pylist() == list(range(offset, offset + window))
+        for offset, broken in ((0, False), (1, True)):
+            streams = Streams(10, stack, window_rows=3)
+            with pytest.raises(ShardError) as first:
+                streams.take(short, ["k"], offset, 3)
+            assert str(first.value) == "source shard has 5 rows, the output has 10" and streams.broken is broken
+            with pytest.raises(ShardError) as again:
+                streams.take(short, ["k"], offset + 3, 3)
+            assert again.value is first.value
