@@ -259,3 +259,28 @@ def test_a_write_abandoned_while_its_upload_is_being_created_sends_no_part(s3_ro
     sent = [op for op, _, _ in proxy.sent]
     assert sent[:2] == ["CreateMultipartUpload", "AbortMultipartUpload"] and "UploadPart" not in sent, sent
     assert pending_uploads(moto_endpoint, s3_root) == []
+
+
+@pytest.mark.parametrize("identity, parsed", [
+    ("size=10;etag=abc", (10, "abc")),
+    ("size=0;etag=abc", (0, "abc")),
+    ("size=10;etag=a=b", (10, "a=b")),        # only the first "=" separates a field's name
+    ("size=10;etag=", None),                   # no ETag: nothing to pin a read to
+    ("size=ten;etag=abc", None),
+    ("size=-1;etag=abc", None),
+    ("size=10;etag=abc;extra=1", None),
+    ("size=10;mtime_ns=5", None),              # another backend's identity
+    ("size=10", None),
+    ("", None),                                # an absent sibling
+])
+def test_an_s3_identity_is_parsed_back_to_its_size_and_etag_only(identity, parsed):
+    assert s3_backend.parse_identity(identity) == parsed
+
+
+def test_an_object_listed_with_no_s3_identity_is_opened_as_usual(s3_root):
+    """open_listed with an identity that names no size and ETag (another backend's, or none) opens the object
+    with a HEAD, as open_parquet does: the bytes read are the object's."""
+    uri = s3_root + "in/part-0.parquet"
+    storage._s3().pipe_file(uri[len("s3://"):], b"0123456789")
+    with s3_backend.S3Backend().open_listed(uri, "mtime_ns=1;size=10") as f:
+        assert f.read() == b"0123456789"
