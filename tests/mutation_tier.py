@@ -5,7 +5,9 @@ What only a flow run can reach shows as "no test reaches it" in the score (tests
 
 mutmut runs each mutant's tests in a process forked from one that has run tests before: fsspec's event loop
 and our cached S3 filesystem are not fork-safe ("This class is not fork-safe" fails every S3 test, which
-mutmut would count as a kill), so each session starts them afresh. A mutant that allocates without end (a directory walk that never ends) meets
+mutmut would count as a kill), so each session starts them afresh; so are thread pools made before the fork
+(the fetch-ahead pools of tasks/storage/ahead.py: work submitted to them in the child never runs, and every
+test that fetches ahead would wait until mutmut's CPU limit, a false timeout), so they are made anew too. A mutant that allocates without end (a directory walk that never ends) meets
 an address-space limit and fails with MemoryError, a kill, instead of taking the machine's memory."""
 from __future__ import annotations
 
@@ -20,10 +22,12 @@ def pytest_sessionstart(session):
 
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
-    from tasks.storage import s3
+    from tasks.storage import ahead, s3
 
     fsspec.asyn.reset_lock()
     s3._s3.cache_clear()
+    ahead._pools.cache_clear()
+    ahead._waiting.clear()
 
 
 def pytest_collection_modifyitems(config, items):
