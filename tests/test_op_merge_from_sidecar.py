@@ -11,6 +11,7 @@ from core_fixtures import three_ops
 
 from tasks.errors import ShardError
 from tasks.ops import MergeFromSidecar
+from tasks.ops.lineage import History, Status
 
 KEYS_ONLY = SimpleNamespace(key_column="image_key", image_column="image")  # not DATASET: test_operations reads that name
 
@@ -54,3 +55,16 @@ def test_a_column_plan_the_footers_refuse_is_one_line(current, source, message):
     with pytest.raises(ShardError) as info:
         op.column_plan(strings(current), strings(source), KEYS_ONLY)
     assert str(info.value) == message
+
+
+def test_a_missing_sibling_fails_a_required_step_with_its_line_and_skips_an_optional_one(tmp_path):
+    source = f"{tmp_path}/dqm/"
+    schema = strings(["image_key"])
+    with pytest.raises(ShardError) as info:
+        MergeFromSidecar(source, ("dqm",)).stream(schema, KEYS_ONLY, "a/part-0.parquet", History(), 4, 4)
+    assert str(info.value) == (
+        f"sibling shard missing: {source}a/part-0.parquet; inspect the score sidecar (shard paths must match the "
+        "base), or set `required: false` to skip shards it does not cover")
+    optional = MergeFromSidecar(source, ("dqm",), required=False)
+    skipped = optional.stream(schema, KEYS_ONLY, "a/part-0.parquet", History(), 4, 4)
+    assert skipped.step.status is Status.SKIPPED and skipped.schema == schema
