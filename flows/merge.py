@@ -17,9 +17,9 @@ from flows.artifacts import ProgressArtifact, publish_summary
 from flows.interrupt import DEFAULT_GRACE, Interruption, Stop, grace_seconds, handling
 from flows.runconfig import DEFAULT_MAX_INFLIGHT, DEFAULT_RETRIES, RunConfig, RunnerChoice
 from flows.scheduler import Window, make_runner, run_window
-from tasks.merge import Job, ShardStats, now_utc, overwrite_fields
+from tasks.kernel import Job, ShardStats, now_utc, overwrite_fields
 from tasks.plan import Plan, list_or_refuse, make_plan, prefixes, refuse_foreign, refuse_unmatched
-from tasks.prefect_tasks import RunOutcome, fused_shard, list_shards, merge_step, verify_run
+from tasks.prefect_tasks import RunOutcome, shard_task, list_shards, operation_task, verify_run
 from tasks.progress import Progress
 from tasks.runcheck import RunCheckFailed
 from tasks.storage import Listing, abandon_writes, sweep_stale
@@ -47,8 +47,8 @@ class ShardSteps:
 
     def __init__(self, runner, plan: Plan, config: RunConfig):
         self.runner, self.plan, self.job, self.fused = runner, plan, plan.job, config.fuse_operations
-        self.merge = merge_step.with_options(retries=config.retries)
-        self.whole = fused_shard.with_options(retries=config.retries)
+        self.merge = operation_task.with_options(retries=config.retries)
+        self.whole = shard_task.with_options(retries=config.retries)
 
     def submit(self, relpath: str) -> list:
         """The futures of one shard, its last task last."""

@@ -1,7 +1,7 @@
 """The verify flow: cheap checks on every shard, deep checks on sampled shards as Prefect tasks, two artifacts.
 
 Run it with `sidecar-ops verify PIPELINE.yaml --output-prefix URI ...` or `python flows/verify.py PIPELINE.yaml
---output-prefix URI ...`. The checks themselves are plain pyarrow in tasks/verify/; this module only runs
+--output-prefix URI ...`. The checks themselves are plain pyarrow in tasks/verification/; this module only runs
 them (thread pool, or Ray with --use-ray), publishes the artifacts and prints the report.
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ from prefect.states import Cancelled
 from flows.interrupt import Interrupted, Stop, handling
 from flows.runconfig import DEFAULT_SAMPLES, DEFAULT_VERIFY_INFLIGHT, RunConfig, RunnerChoice
 from flows.scheduler import Window, make_runner, run_window
-from tasks.merge import Job
+from tasks.kernel import Job
 from tasks.prefect_tasks import worth_retrying
 from tasks.report import artifact_rows, stats_markdown
-from tasks.verify import BASE, ShardResult, ShardTask, check_shard, verify
+from tasks.verification import BASE, ShardResult, ShardTask, check_shard, verify
 
 
 class VerifyFailed(RuntimeError):
@@ -40,7 +40,7 @@ def verify_shard(job: Job, shard: ShardTask, specs: tuple) -> ShardResult:
 
 
 def scheduled_checks(runner, max_inflight: int, stop: Stop):
-    """A tasks.verify Runner: shard checks as Prefect tasks through the shard scheduler's window. A signal
+    """A tasks.verification Runner: shard checks as Prefect tasks through the shard scheduler's window. A signal
     ends it with Interrupted if it left a shard unchecked: a report of some shards would say nothing of the
     others."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from tasks.config import Pipeline
-from tasks.merge import Job, now_utc, overwrite_fields
+from tasks.kernel import Job, now_utc, overwrite_fields
 from tasks.plan import inspect_schemas, make_plan
 from tasks.storage import lifecycle_note
 

@@ -2,7 +2,7 @@
 
 The output shard is the only truth about progress: an output counts as complete when it is readable parquet
 with this pipeline's fingerprint, the row count and the input identities it recorded equal to the current
-base and siblings (merge.shard_key over the listings). No markers, no manifests, no shard data read.
+base and siblings (kernel.shard_key over the listings). No markers, no manifests, no shard data read.
 An existing output is one of:
   complete  current: kept
   stale     made from other inputs (a source or the base changed, or an older version wrote it): recomputed
@@ -21,8 +21,8 @@ import pyarrow as pa
 
 from tasks import storage
 from tasks.errors import ConfigError, ShardError
-from tasks.merge import Job, check_extensions, provenance_of, read_provenance, shard_inputs, shard_key
-from tasks.ops import ABSENT, NO_INPUT, History, Input, Status, Step
+from tasks.kernel import Job, check_extensions, provenance_of, read_provenance, shard_inputs, shard_key
+from tasks.ops import ABSENT, NO_INPUT, History, Input, Status, StepRecord
 
 FOOTER_THREADS = 32
 
@@ -295,7 +295,7 @@ def inspect_schemas(plan: Plan, n: int) -> tuple[pa.Schema | None, list[str]]:
                 skipped = skipped or not source.required
                 if source.required:
                     problems.append(f"shard {rel}: operations[{i}] ({op.describe()}): sibling shard missing")
-                history = history.then(op, Step(Status.SKIPPED if not source.required else Status.FAILED))
+                history = history.then(op, StepRecord(Status.SKIPPED if not source.required else Status.FAILED))
                 continue
             try:
                 current, step = op.plan(current, dataset, rel, history)

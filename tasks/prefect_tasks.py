@@ -1,4 +1,4 @@
-"""Thin Prefect task wrappers around the kernel in tasks/merge.py.
+"""Thin Prefect task wrappers around the kernel in tasks/kernel.py.
 
 Arguments are plain values (a small Job, a relpath, an index); tables pass only between the merge
 steps of one shard, never cached or persisted by Prefect; the last step writes and returns small stats.
@@ -15,9 +15,9 @@ from prefect.cache_policies import NO_CACHE, CachePolicy
 from prefect.runtime import task_run
 from prefect.states import Completed
 
-from tasks import merge, storage
+from tasks import kernel, storage
 from tasks.errors import ShardError
-from tasks.merge import Job, ShardState, ShardStats
+from tasks.kernel import Job, ShardState, ShardStats
 from tasks.ops import Status
 from tasks.plan import Plan, judge_output
 from tasks.runcheck import RunCheck, RunCheckFailed, check_run
@@ -31,7 +31,7 @@ def worth_retrying(task, task_run, state) -> bool:
 
 class ShardInputs(CachePolicy):
     """Cache key of a shard's output: pipeline fingerprint, merge semantics, relpath and input identities
-    (merge.shard_key, the same function the planner applies to listings in batch).
+    (kernel.shard_key, the same function the planner applies to listings in batch).
 
     Why the match is decided inside the task and not by Prefect's result-store lookup: Prefect calls a cache
     hit when a result record exists under the key in its own result storage. That record would be a second
@@ -45,7 +45,7 @@ class ShardInputs(CachePolicy):
         job, state = inputs.get("job"), inputs.get("state")
         if not isinstance(job, Job) or not isinstance(state, ShardState):
             return None
-        return merge.shard_key(job.fingerprint, inputs["relpath"], state.inputs())
+        return kernel.shard_key(job.fingerprint, inputs["relpath"], state.inputs())
 
 
 SHARD_INPUTS = ShardInputs()
@@ -67,7 +67,7 @@ def cached_output(job: Job, relpath: str, inputs: dict, rows: int) -> ShardStats
             size = storage.file_size(uri, f)
     except Exception:
         return None  # absent or unreadable: write it
-    prov = merge.read_provenance(meta) or {}
+    prov = kernel.read_provenance(meta) or {}
     if judge_output(job, relpath, meta, inputs)[0] != "complete":  # its fingerprint and input key
         return None
     if meta.num_rows != rows or (job.overwrite and not job.kept_by_overwrite(prov)):
@@ -89,12 +89,12 @@ def forgetting_on_failure(job: Job, relpath: str):
     try:
         yield
     except BaseException:
-        merge.forget_inputs_ahead(job, relpath)
+        kernel.forget_inputs_ahead(job, relpath)
         raise
 
 
 @task(name="merge", task_run_name="merge[{index}] {relpath}", **SHARD_TASK)
-def merge_step(job: Job, relpath: str, index: int, state: ShardState | None = None,
+def operation_task(job: Job, relpath: str, index: int, state: ShardState | None = None,
                listed: dict[str, str] | None = None) -> ShardState | ShardStats:
     """Operation `index` on one shard: the first step reads the base, the last one writes and checks the
     output unless an output made from the same inputs is already there (then the task ends as Cached).
@@ -103,8 +103,8 @@ def merge_step(job: Job, relpath: str, index: int, state: ShardState | None = No
         return state  # an upstream attempt found the shard already written
     with first_attempt_reads(listed), forgetting_on_failure(job, relpath):
         if state is None:
-            state = merge.read_base(job, relpath)
-        state = merge.apply_step(job, relpath, index, state)
+            state = kernel.read_base(job, relpath)
+        state = kernel.apply_operation(job, relpath, index, state)
     if index < len(job.pipeline.operations) - 1:
         return state
     return write_unless_cached(job, relpath, state)
@@ -112,29 +112,29 @@ def merge_step(job: Job, relpath: str, index: int, state: ShardState | None = No
 
 def write_unless_cached(job: Job, relpath: str, state: ShardState):
     """The written and checked output's stats, or a Completed state named Cached when a retry finds it already
-    written. The post-write check (merge.verify_output) runs on the output returned: a fresh write checks what
+    written. The post-write check (kernel.check_written) runs on the output returned: a fresh write checks what
     it stored, a found output is read back and checked (an earlier attempt's check may have failed on it)."""
     found = cached_output(job, relpath, state.inputs(), state.table.num_rows)
     if found is None:
-        return merge.write_output(job, relpath, state)
+        return kernel.write_output(job, relpath, state)
     return checked_cached(job, relpath, found, state.key_batches())
 
 
 def checked_cached(job: Job, relpath: str, found: ShardStats, base_keys=None) -> Completed:
-    stats = merge.verify_output(job, relpath, found, base_keys=base_keys)
+    stats = kernel.check_written(job, relpath, found, base_keys=base_keys)
     return Completed(name="Cached", message="output shard already made from these inputs", data=stats)
 
 
 @task(name="merge-shard", task_run_name="merge {relpath}", **SHARD_TASK)
-def fused_shard(job: Job, relpath: str, listed: dict[str, str] | None = None) -> ShardStats:
+def shard_task(job: Job, relpath: str, listed: dict[str, str] | None = None) -> ShardStats:
     """Every operation of one shard, the write and its check in one task (`--fuse-operations`): one task
     run per shard instead of one per operation, for runs of very many shards. The shard streams
-    (merge.stream_output): its memory is bounded by a row group, not by the shard."""
-    with first_attempt_reads(listed), merge.opened_shard(job, relpath) as shard:
+    (kernel.stream_output): its memory is bounded by a row group, not by the shard."""
+    with first_attempt_reads(listed), kernel.opened_shard(job, relpath) as shard:
         found = cached_output(job, relpath, shard.inputs(), shard.rows)
         if found is not None:
             return checked_cached(job, relpath, found)
-        return merge.stream_output(job, relpath, shard)
+        return kernel.stream_output(job, relpath, shard)
 
 
 def worth_listing_again(task, task_run, state) -> bool:

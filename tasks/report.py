@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from tasks import storage
-from tasks.verify.registry import definition
+from tasks.verification.registry import definition
 
 SHOW_FAILURES = 10
 BAR = 20

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tasks import storage
-from tasks.merge import ShardStats, shard_key
+from tasks.kernel import ShardStats, shard_key
 from tasks.plan import Plan
 
 EXAMPLES = 3  # relpaths named in a problem's line

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import make_dataset
-from tasks.merge import Job, ShardStats, verify_output
+from tasks.kernel import Job, ShardStats, check_written
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_DATASET = REPO / "datasets" / "demo_filters_dqm_ernie_image_aes.yaml"
@@ -74,7 +74,7 @@ def assert_output_verifies(demo: Demo, output: str | None = None) -> None:
     for rel in base:
         rows = storage.read_footer(job.base_uri(rel)).num_rows
         names = storage.read_footer(job.output_uri(rel)).schema.to_arrow_schema().names
-        verify_output(job, rel, ShardStats(rel, rows, 0, skipped_ops=0 if "watermark" in names else 1))
+        check_written(job, rel, ShardStats(rel, rows, 0, skipped_ops=0 if "watermark" in names else 1))
 
 
 SMALL_PARTS = {"SIDECAR_OPS_MULTIPART_THRESHOLD": str(16 * 1024), "SIDECAR_OPS_PART_SIZE": str(8 * 1024)}

@@ -25,7 +25,7 @@ from core_fixtures import (FILTER_EXTENSIONS, SCORE_EXTENSIONS, aes_op, build, d
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
-from tasks.merge import Job, merge_shard, read_provenance
+from tasks.kernel import Job, merge_shard, read_provenance
 from tasks.ops import OPERATIONS
 
 REL = relpaths(1)[0]

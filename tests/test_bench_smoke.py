@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 EXPECTED = {
     "W0": ["fresh home: start -> first shard task", "warm home: start -> first shard task",
            "warm home: start -> exit", "--dry-run: start -> exit"],
-    "W1": ["(a) floor: minimal pyarrow", "(b) kernel without verify_output",
-           "(b') kernel merge_shard (incl. verify_output)", "(c) full flow, thread runner, warm server",
+    "W1": ["(a) floor: minimal pyarrow", "(b) kernel without check_written",
+           "(b') kernel merge_shard (incl. check_written)", "(c) full flow, thread runner, warm server",
            "(c') sidecar-ops run, end to end", "(d) pandas merge on keys", "(e) DuckDB POSITIONAL JOIN + COPY"],
     "W2": ["thread runner, full flow", "--use-ray (FastRayTaskRunner), full flow",
            "plain-Ray floor, same kernel steps"],

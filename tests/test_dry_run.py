@@ -19,7 +19,7 @@ from faultproxy import DENIED, UNSUPPORTED, proxied  # noqa: F401 (a fixture)
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
-from tasks.merge import Job, merge_shard
+from tasks.kernel import Job, merge_shard
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDS = 5

@@ -16,10 +16,10 @@ from core_fixtures import build, read_table
 from faultproxy import FaultProxy, Hold
 from test_s3_requests import proxied  # noqa: F401 (fixture)
 
-from tasks import merge, storage
+from tasks import kernel, storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
-from tasks.merge import Job
+from tasks.kernel import Job
 from tasks.errors import ShardError
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
 from tasks.storage import ahead
@@ -36,9 +36,9 @@ def listed_inputs(setup) -> dict[str, str]:
     return out
 
 
-def merged(job: Job, relpath: str, listed: dict[str, str]) -> merge.ShardStats:
+def merged(job: Job, relpath: str, listed: dict[str, str]) -> kernel.ShardStats:
     with storage.listed(listed):
-        return merge.merge_shard(job, relpath)
+        return kernel.merge_shard(job, relpath)
 
 
 def test_a_shards_inputs_are_all_in_flight_at_once(tmp_path, s3_root, proxied):  # noqa: F811
@@ -61,7 +61,7 @@ def test_a_shards_inputs_are_all_in_flight_at_once(tmp_path, s3_root, proxied): 
     assert result["stats"].rows == read_table(setup.prefixes["base"] + REL[0]).num_rows
     assert sum(ahead.waiting("s3://" + path) for path in wanted) == 0  # every input fetched was taken
     plain = Job(load_pipeline(str(setup.pipeline)), setup.root + "plain/", fetch_ahead=False)
-    merge.merge_shard(plain, REL[0])
+    kernel.merge_shard(plain, REL[0])
     assert read_table(setup.output + REL[0]).equals(read_table(setup.root + "plain/" + REL[0]))
 
 

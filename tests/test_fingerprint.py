@@ -16,12 +16,12 @@ import yaml
 from core_fixtures import (FILTER_EXTENSIONS, SCORE_EXTENSIONS, aes_op, build, dqm_op, read_meta,
                            watermark_op, write_configs, write_table)
 
-from tasks import merge, prefect_tasks
+from tasks import kernel, prefect_tasks
 from tasks.config import Pipeline, load_pipeline
 from tasks.demo import relpaths
-from tasks.merge import Job, ShardStats, read_provenance
+from tasks.kernel import Job, ShardStats, read_provenance
 from tasks.plan import make_plan
-from tasks.verify.driver import verify
+from tasks.verification.driver import verify
 
 SHARDS = 2
 REL = sorted(relpaths(SHARDS))
@@ -41,10 +41,10 @@ def fingerprint_before_issue_18(pipeline: Pipeline) -> str:
 def write_outputs(job: Job) -> None:
     """Merge every shard with the kernel (no Prefect): what a finished run leaves."""
     for rel in REL:
-        state = merge.read_base(job, rel)
+        state = kernel.read_base(job, rel)
         for i in range(len(job.pipeline.operations)):
-            state = merge.apply_step(job, rel, i, state)
-        merge.write_output(job, rel, state)
+            state = kernel.apply_operation(job, rel, i, state)
+        kernel.write_output(job, rel, state)
 
 
 def assert_current(job: Job, monkeypatch) -> None:
@@ -53,12 +53,12 @@ def assert_current(job: Job, monkeypatch) -> None:
     assert (plan.complete, plan.todo, plan.foreign) == (REL, [], []), plan.foreign
     monkeypatch.setattr(prefect_tasks, "task_run", SimpleNamespace(run_count=2))  # a retry looks for an output
     for rel in REL:
-        state = merge.read_base(job, rel)
+        state = kernel.read_base(job, rel)
         for i in range(len(job.pipeline.operations)):
-            state = merge.apply_step(job, rel, i, state)
+            state = kernel.apply_operation(job, rel, i, state)
         assert prefect_tasks.cached_output(job, rel, state.inputs(), state.table.num_rows) is not None, rel
     for rel in REL:
-        merge.verify_output(job, rel, ShardStats(rel, rows=read_meta(job.output_uri(rel)).num_rows, bytes=0,
+        kernel.check_written(job, rel, ShardStats(rel, rows=read_meta(job.output_uri(rel)).num_rows, bytes=0,
                                                  skipped_ops=int(rel == REL[-1])))
     report = verify(job, samples=0)
     assert report.ok, [(c.name, c.failures) for c in report.checks if not c.passed]
@@ -158,7 +158,7 @@ def test_output_of_the_fingerprint_before_with_other_inputs_is_stale(finished, m
     monkeypatch.setattr(Job, "fingerprint", property(lambda self: fingerprint_before_issue_18(self.pipeline)))
     write_outputs(job)
     monkeypatch.undo()
-    table = merge.read_base(job, REL[0]).table
+    table = kernel.read_base(job, REL[0]).table
     write_table(table.replace_schema_metadata({"rewritten": "yes"}), setup.prefixes["base"] + REL[0])
     plan = make_plan(Job(load_pipeline(setup.pipeline), setup.output))
     assert plan.complete == REL[1:] and [rel for rel, _ in plan.stale] == REL[:1]

@@ -16,15 +16,15 @@ from core_fixtures import build, flow_run_named, merge_dag, read_meta, read_tabl
 from test_flow_local import REL, SHARDS, assert_clean, assert_output_equals_inputs, summary_counts
 
 from flows import compat
-from tasks import merge
+from tasks import kernel
 from tasks.errors import ShardError
-from tasks.merge import PROVENANCE_KEY
+from tasks.kernel import PROVENANCE_KEY
 
 
 
 def provenance(uri: str) -> dict:
     prov = json.loads(read_meta(uri).metadata[PROVENANCE_KEY])
-    return {k: v for k, v in prov.items() if k not in merge.PER_RUN_FIELDS}
+    return {k: v for k, v in prov.items() if k not in kernel.PER_RUN_FIELDS}
 
 
 def test_fused_run_equals_the_chain_and_records_one_task_per_shard(tmp_path, run):
@@ -130,9 +130,9 @@ def test_the_driver_keeps_no_links_of_finished_shards(tmp_path, run, monkeypatch
 
 
 def fail_check_once(monkeypatch, relpath: str, then_broken: bool = False) -> Counter:
-    """merge.verify_output fails with a transient error on `relpath`'s first call; with `then_broken`, its later
+    """kernel.check_written fails with a transient error on `relpath`'s first call; with `then_broken`, its later
     calls fail as a check of a bad output would (permanent). Other shards' checks run unchanged. Call counts."""
-    real, calls = merge.verify_output, Counter()
+    real, calls = kernel.check_written, Counter()
 
     def check(job, rel, stats, *more, **kw):
         calls[rel] += 1
@@ -142,7 +142,7 @@ def fail_check_once(monkeypatch, relpath: str, then_broken: bool = False) -> Cou
             raise ShardError(f"injected: key column of {rel} differs from the base")
         return real(job, rel, stats, *more, **kw)
 
-    monkeypatch.setattr(merge, "verify_output", check)
+    monkeypatch.setattr(kernel, "check_written", check)
     return calls
 
 

@@ -5,7 +5,7 @@ the identity of a version it did not read (the file was replaced between opening
 the next run would trust an output made from other data. Two tests:
 
 - deterministic, per backend: the source is replaced exactly between the open and the identity (a wrapper
-  around `storage.open_parquet`), then `apply_step` reads it. Local disk and memory must record the identity of
+  around `storage.open_parquet`), then `apply_operation` reads it. Local disk and memory must record the identity of
   the version they read; S3 pins its ranged GETs to the ETag of the HEAD made at open, so the read fails (a
   transient error the task retries) instead of mixing versions.
 - a flipping writer (local disk, a thread, < 5 s): the source flips between versions A and B while the reader
@@ -24,11 +24,11 @@ import pytest
 from core_fixtures import build, read_table
 from test_storage_backends import memory_root  # noqa: F401 - fixture
 
-from tasks import merge, storage
+from tasks import kernel, storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.errors import ShardError
-from tasks.merge import Job
+from tasks.kernel import Job
 
 REL = relpaths(1)[0]
 COLUMN = "dqm_d1_v6_1"
@@ -99,7 +99,7 @@ def test_replace_between_open_and_identity_never_records_the_newer_identity(tmp_
     uri = setup.prefixes["dqm"] + REL
     versions = Versions(uri)
     assert versions.publish() == "B"
-    state = merge.read_base(job, REL)
+    state = kernel.read_base(job, REL)
 
     real_open, replaced = storage.open_parquet, []
 
@@ -112,12 +112,12 @@ def test_replace_between_open_and_identity_never_records_the_newer_identity(tmp_
     monkeypatch.setattr(storage, "open_parquet", open_then_replace)
     if storage.is_s3(uri):
         with pytest.raises(ShardError) as failed:  # reads pinned to the ETag seen at open
-            merge.apply_step(job, REL, 0, state)
+            kernel.apply_operation(job, REL, 0, state)
         assert failed.value.transient, failed.value
         return
-    after = merge.apply_step(job, REL, 0, state)
+    after = kernel.apply_operation(job, REL, 0, state)
     assert replaced == ["A"]
-    identity = after.records[-1]["input"]
+    identity = after.provenance_ops[-1]["input"]
     assert versions.label_of[identity] == label_read(after) == "B", "the identity names the version read"
 
 

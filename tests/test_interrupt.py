@@ -16,7 +16,7 @@ import signal
 import pytest
 
 from core_fixtures import build, expected_output, identities, objects, read_table
-from tasks import merge
+from tasks import kernel
 from tasks.demo import relpaths
 from test_flow_local import ALL_COLUMNS, summary_counts
 
@@ -38,7 +38,7 @@ def signal_at(monkeypatch):
     """`signal_at(SIG)`: the STOP_AT-th shard opened by the next run (the default layout: one task a shard)
     sends SIG to this process, then carries on."""
     def arm(sig: int) -> None:
-        real, reads = merge.open_shard, []
+        real, reads = kernel.open_shard, []
 
         def open_shard(job, relpath, *args):
             reads.append(relpath)
@@ -46,7 +46,7 @@ def signal_at(monkeypatch):
                 os.kill(os.getpid(), sig)
             return real(job, relpath, *args)
 
-        monkeypatch.setattr(merge, "open_shard", open_shard)
+        monkeypatch.setattr(kernel, "open_shard", open_shard)
     return arm
 
 

@@ -144,7 +144,7 @@ def test_a_main_guard_may_import_the_command_layer(tmp_path):
 def mapped_paths(text: str) -> set[str]:
     """Whole paths the module map's table names: each row's backticked `*.py` and `folder/` names, a bare name
     resolved against the folder of the full path before it in the row (`tasks/config.py`, `models.py` names
-    tasks/models.py). So `merge.py` counts for tasks/ only if the map says `tasks/merge.py` (or follows a
+    tasks/models.py). So `merge.py` counts for tasks/ only if the map says `tasks/kernel.py` (or follows a
     tasks/ path with it), never because `flows/merge.py` exists."""
     import re
 
@@ -165,7 +165,7 @@ def mapped_paths(text: str) -> set[str]:
 
 
 def test_mapped_paths_are_whole_paths():
-    text = "| `flows/merge.py`, `verify.py` | x |\n| `tasks/ops/` | `base.py` |\nnot a row `tasks/merge.py`\n"
+    text = "| `flows/merge.py`, `verify.py` | x |\n| `tasks/ops/` | `base.py` |\nnot a row `tasks/kernel.py`\n"
     assert mapped_paths(text) == {"flows/merge.py", "flows/verify.py", "tasks/ops/", "tasks/ops/base.py"}
 
 

@@ -11,23 +11,23 @@ from core_fixtures import aes_op, build, dqm_op, watermark_op
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
-from tasks.merge import PROVENANCE_KEY, Job, merge_shard, read_provenance
+from tasks.kernel import PROVENANCE_KEY, Job, merge_shard, read_provenance
 from tasks.ops import DropColumns, MergeFromSidecar
-from tasks.ops.lineage import (Change, ColumnChange, History, Origin, Status, Step, absent, appended, from_legacy,
+from tasks.ops.lineage import (Change, ColumnChange, History, Origin, Status, StepRecord, absent, appended, from_legacy,
                                removed, renamed, replaced, replay, transformed)
 from tasks.plan import make_plan
-from tasks.verify import verify
+from tasks.verification import verify
 
 SHARDS = 3
 REL = sorted(relpaths(SHARDS))
 
 
 def test_replay_follows_every_kind_of_change():
-    records = [Step(Status.DROPPED, (removed("b"),)),
-               Step(Status.MERGED, (appended("x"), appended("y", sibling="y_src"))),
-               Step(Status.SKIPPED),  # a skipped step changes nothing, whatever its lineage
-               Step(Status.APPLIED, (renamed("a", "A"), renamed("x", "X"), absent("w", "W"))),
-               Step(Status.MERGED, (replaced("c", sibling="c2"), removed("y")))]
+    records = [StepRecord(Status.DROPPED, (removed("b"),)),
+               StepRecord(Status.MERGED, (appended("x"), appended("y", sibling="y_src"))),
+               StepRecord(Status.SKIPPED),  # a skipped step changes nothing, whatever its lineage
+               StepRecord(Status.APPLIED, (renamed("a", "A"), renamed("x", "X"), absent("w", "W"))),
+               StepRecord(Status.MERGED, (replaced("c", sibling="c2"), removed("y")))]
     layout = replay(["a", "b", "c", "k"], records)
     assert layout.names == ["A", "c", "k", "X"] and layout.base_part == ["A", "c", "k"] and layout.added == ["X"]
     assert layout.origin == {"A": Origin("a"), "c": Origin("c2", 4), "k": Origin("k"), "X": Origin("x", 1)}
@@ -40,18 +40,18 @@ def test_records_without_lineage_are_converted_from_their_column_lists():
     merged = {"type": "merge_from_sidecar", "status": "merged", "appended": ["x"], "replaced": ["c"],
               "kept_from_main": [], "protected": [], "input": "id"}
     assert from_legacy(merged) == (replaced("c"), appended("x"))
-    assert Step.from_dict(merged) == Step(Status.MERGED, (replaced("c"), appended("x")), "id")
-    assert Step.from_dict({"status": "dropped", "removed": ["w"], "input": "none"}).lineage == (removed("w"),)
-    assert Step.from_dict({"status": "skipped_missing_sibling", "input": "absent"}).applied is False
-    assert Step.from_dict({"status": "from_a_later_version"}).status is Status.APPLIED
+    assert StepRecord.from_dict(merged) == StepRecord(Status.MERGED, (replaced("c"), appended("x")), "id")
+    assert StepRecord.from_dict({"status": "dropped", "removed": ["w"], "input": "none"}).lineage == (removed("w"),)
+    assert StepRecord.from_dict({"status": "skipped_missing_sibling", "input": "absent"}).applied is False
+    assert StepRecord.from_dict({"status": "from_a_later_version"}).status is Status.APPLIED
 
 
 def test_a_step_survives_its_provenance_form():
-    step = Step(Status.APPLIED, (renamed("a", "b"), absent("c", "d")), "none", {"note": [1]})
+    step = StepRecord(Status.APPLIED, (renamed("a", "b"), absent("c", "d")), "none", {"note": [1]})
     record = json.loads(json.dumps(step.to_dict()))
     assert record["lineage"] == [{"column": "b", "change": "rename", "was": "a"},
                                  {"column": "d", "change": "absent", "was": "c"}]
-    assert Step.from_dict(record) == Step(step.status, step.lineage, step.input)
+    assert StepRecord.from_dict(record) == StepRecord(step.status, step.lineage, step.input)
     assert [s.value for s in Status] == ["planned", "merged", "dropped", "applied", "skipped_missing_sibling",
                                          "failed"]  # the strings provenance has always held
     assert {c.value for c in Change} == {"append", "replace", "rename", "remove", "absent", "transform"}
@@ -60,9 +60,9 @@ def test_a_step_survives_its_provenance_form():
 def test_history_tells_a_skipped_supplier_from_a_misconfiguration():
     optional = MergeFromSidecar("s3://b/w/", ("watermark",), required=False)
     history = History.of([optional, DropColumns(("width",))],
-                         [{"status": "skipped_missing_sibling", "input": "absent"}, Step(Status.DROPPED)])
+                         [{"status": "skipped_missing_sibling", "input": "absent"}, StepRecord(Status.DROPPED)])
     assert history.skipped_supplier("watermark") == 0 and history.skipped_supplier("height") is None
-    later = history.then(DropColumns(("x",)), Step(Status.APPLIED, (absent("watermark", "wm"),)))
+    later = history.then(DropColumns(("x",)), StepRecord(Status.APPLIED, (absent("watermark", "wm"),)))
     assert later.skipped_supplier("wm") == 2 and len(later.records) == 3
 
 
@@ -117,14 +117,14 @@ def test_a_changes_sibling_column_round_trips_through_provenance():
         {"column": "a", "change": "append", "sibling": "a"}, {"column": "a", "change": "append", "sibling": "s"},
         {"column": "r", "change": "replace", "sibling": "r"}, {"column": "r", "change": "replace", "sibling": "t"}]
     assert [ColumnChange.from_dict(c.to_dict()) for c in changes] == changes
-    layout = replay(["k"], [Step(Status.MERGED, (appended("a", "s"),))])
+    layout = replay(["k"], [StepRecord(Status.MERGED, (appended("a", "s"),))])
     assert layout.origin == {"k": Origin("k"), "a": Origin("s", 0)}
 
 
 def test_a_transformed_column_keeps_its_place_and_is_the_steps_own_not_a_siblings():
-    records = [Step(Status.APPLIED, (transformed("b"),)), Step(Status.APPLIED, (renamed("b", "c"),))]
+    records = [StepRecord(Status.APPLIED, (transformed("b"),)), StepRecord(Status.APPLIED, (renamed("b", "c"),))]
     layout = replay(["a", "b"], records)
     assert layout.names == ["a", "c"] and layout.kept == 2
     assert layout.origin["c"] == Origin("b", 0, transformed=True)
     assert (layout.origin["c"].step, layout.from_step(0)) == (0, [])  # no sibling column to compare it with
-    assert replay(["a", "b"], [Step(Status.SKIPPED, (transformed("b"),))]).origin["b"] == Origin("b")
+    assert replay(["a", "b"], [StepRecord(Status.SKIPPED, (transformed("b"),))]).origin["b"] == Origin("b")

@@ -1,6 +1,6 @@
 """What an existing output's provenance is trusted for, decided directly (the flow tests,
 test_provenance_trust.py and test_overwrite_continue.py, show the same end to end): provenance this tool could
-have written or the one line saying why not (tasks.merge.provenance_of), which outputs an overwrite run keeps
+have written or the one line saying why not (tasks.kernel.provenance_of), which outputs an overwrite run keeps
 (Job.kept_by_overwrite), the times it compares (parse_time, now_utc) and the version an output records
 (tool_version)."""
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks import merge
-from tasks.merge import (PROVENANCE_KEY, Job, now_utc, overwrite_fields, parse_time, provenance_of, read_provenance,
+from tasks import kernel
+from tasks.kernel import (PROVENANCE_KEY, Job, now_utc, overwrite_fields, parse_time, provenance_of, read_provenance,
                          tool_version)
 
 BEFORE = "2026-01-02T03:04:05.000006+00:00"
@@ -63,7 +63,7 @@ def test_tool_version_is_the_installed_packages_else_unknown(monkeypatch):
     def not_installed(name):
         raise PackageNotFoundError(name)
 
-    monkeypatch.setattr(merge, "version", not_installed)
+    monkeypatch.setattr(kernel, "version", not_installed)
     assert tool_version() == "0+unknown"
 
 

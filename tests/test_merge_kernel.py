@@ -1,4 +1,4 @@
-"""The pure-pyarrow kernel (tasks/merge.py, tasks/ops) driven directly, on local disk and S3 (moto server)."""
+"""The pure-pyarrow kernel (tasks/kernel.py, tasks/ops) driven directly, on local disk and S3 (moto server)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from core_fixtures import (aes_op, build, dqm_op, expected_output, objects, read
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.errors import ShardError
-from tasks.merge import (PROVENANCE_KEY, Job, apply_step, merge_shard, read_base, read_provenance, tool_version,
+from tasks.kernel import (PROVENANCE_KEY, Job, apply_operation, merge_shard, read_base, read_provenance, tool_version,
                          write_output)
 from tasks.demo import relpaths
 
@@ -297,7 +297,7 @@ def chain(job: Job, relpath: str):
     """The --task-per-operation layout's kernel calls, in one process: the whole table from step to step."""
     state = read_base(job, relpath)
     for index in range(len(job.pipeline.operations)):
-        state = apply_step(job, relpath, index, state)
+        state = apply_operation(job, relpath, index, state)
     return write_output(job, relpath, state)
 
 

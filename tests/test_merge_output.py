@@ -1,4 +1,4 @@
-"""What the kernel writes around an output's rows, decided directly (tasks/merge.py): its metadata, its row
+"""What the kernel writes around an output's rows, decided directly (tasks/kernel.py): its metadata, its row
 group size, the declared extension columns it must carry, the steps it counts as skipped, and the one line a
 failure to read a base shard gives (with whether a retry could help)."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from test_windows import write_groups
 
 from tasks.config import load_pipeline
 from tasks.errors import ShardError
-from tasks.merge import (PROVENANCE_KEY, Job, apply_step, check_extensions, output_metadata, read_base,
+from tasks.kernel import (PROVENANCE_KEY, Job, apply_operation, check_extensions, output_metadata, read_base,
                          row_group_rows, skipped_steps)
 from tasks.ops import Status
 
@@ -88,7 +88,7 @@ def test_an_operations_failure_names_the_shard_and_the_operation(tmp_path):
     dqm = setup.prefixes["dqm"]
     remove(dqm + REL)
     with pytest.raises(ShardError) as info:
-        apply_step(job, REL, 0, read_base(job, REL))
+        apply_operation(job, REL, 0, read_base(job, REL))
     assert str(info.value).startswith(f"shard {REL}: operations[0] (merge_from_sidecar from {dqm}): sibling "
                                       f"shard missing: {dqm}{REL}")
     assert info.value.transient is False

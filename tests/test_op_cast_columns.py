@@ -13,7 +13,7 @@ from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.errors import ConfigError, ShardError
-from tasks.merge import Job, merge_shard, read_provenance
+from tasks.kernel import Job, merge_shard, read_provenance
 from tasks.ops import OPERATIONS, History, Status
 from tasks.ops.cast_columns import CastColumns, arrow_type
 

@@ -24,10 +24,10 @@ from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.dryrun import dry_run
 from tasks.errors import ConfigError, ShardError
-from tasks.merge import Job, merge_shard, read_provenance
+from tasks.kernel import Job, merge_shard, read_provenance
 from tasks.ops import NO_INPUT, DropColumns, Status
 from tasks.plan import make_plan
-from tasks.verify import MERGED, SCHEMA, verify
+from tasks.verification import MERGED, SCHEMA, verify
 
 SHARDS = 3
 REL = sorted(relpaths(SHARDS))

@@ -67,4 +67,4 @@ def test_a_missing_sibling_fails_a_required_step_with_its_line_and_skips_an_opti
         "base), or set `required: false` to skip shards it does not cover")
     optional = MergeFromSidecar(source, ("dqm",), required=False)
     skipped = optional.stream(schema, KEYS_ONLY, "a/part-0.parquet", History(), 4, 4)
-    assert skipped.step.status is Status.SKIPPED and skipped.schema == schema
+    assert skipped.record.status is Status.SKIPPED and skipped.schema == schema

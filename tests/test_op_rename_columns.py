@@ -14,9 +14,9 @@ from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.errors import ConfigError, ShardError
-from tasks.merge import Job, merge_shard, read_provenance
+from tasks.kernel import Job, merge_shard, read_provenance
 from tasks.ops import RenameColumns, Status
-from tasks.verify import BASE, MERGED, SCHEMA, verify
+from tasks.verification import BASE, MERGED, SCHEMA, verify
 
 SHARDS = 3
 REL = sorted(relpaths(SHARDS))

@@ -26,12 +26,12 @@ from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.dryrun import dry_run
 from tasks.errors import ConfigError
-from tasks.merge import Job, merge_shard, read_provenance
+from tasks.kernel import Job, merge_shard, read_provenance
 from tasks.ops import OPERATIONS
-from tasks.ops.lineage import Change, Step, replay
+from tasks.ops.lineage import Change, StepRecord, replay
 from tasks.plan import inspect_schemas, make_plan
-from tasks.verify import PROVENANCE, verify
-from tasks.verify.registry import REGISTRY, report_order
+from tasks.verification import PROVENANCE, verify
+from tasks.verification.registry import REGISTRY, report_order
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDS = 3
@@ -139,7 +139,7 @@ def test_merge_records_lineage_resumes_and_verifies(name, tmp_path, root):
     setup, job, indices = merged(name, tmp_path, root)
     for rel in REL:
         prov = read_provenance(storage.read_footer(setup.output + rel))
-        records = [Step.from_dict(r) for r in prov["operations"]]
+        records = [StepRecord.from_dict(r) for r in prov["operations"]]
         assert all(isinstance(r.get("lineage"), list) for r in prov["operations"])
         written = storage.read_footer(setup.output + rel).schema.to_arrow_schema().names
         assert replay(base_names(setup, rel), records).names == written, rel  # lineage says what is there
@@ -159,7 +159,7 @@ def planted_defect(setup, job, name: str, indices: list[int], rel: str) -> str:
     prov = read_provenance(storage.read_footer(setup.output + rel))
     table = read_table(setup.output + rel)
     for i in indices:
-        for change in Step.from_dict(prov["operations"][i]).lineage:
+        for change in StepRecord.from_dict(prov["operations"][i]).lineage:
             column = change.column
             if change.change is Change.REMOVE and column not in table.column_names:
                 filler = table[job.pipeline.dataset.key_column]

@@ -14,7 +14,7 @@ from pydantic import Field
 from tasks.ops import DropColumns, RenameColumns
 from tasks.ops.base import (NO_INPUT, SIBLINGS, FieldProblem, Input, Operation, OperationSpec, TableStream,
                             schema_extra)
-from tasks.ops.lineage import History, Status, Step, appended
+from tasks.ops.lineage import History, Status, StepRecord, appended
 
 
 class Undocumented(OperationSpec):
@@ -73,7 +73,7 @@ class Stamp(Operation):
         def change(window: pa.Table, offset: int) -> pa.Table:
             stamps = [f"{seen}#{offset + i}" for i in range(window.num_rows)]
             return window.append_column("stamp", pa.array(stamps, pa.string()))
-        return TableStream(Step(Status.APPLIED, (appended("stamp"),), NO_INPUT, {"seen": seen}),
+        return TableStream(StepRecord(Status.APPLIED, (appended("stamp"),), NO_INPUT, {"seen": seen}),
                            schema.append(pa.field("stamp", pa.string())), change)
 
 
@@ -83,7 +83,7 @@ SCHEMA = pa.schema([("id", pa.int64())])
 
 def test_a_stream_sees_each_window_with_its_first_row_in_the_shard():
     stream = Stamp().stream(SCHEMA, DATASET, "a/b.parquet", History(), rows=3, window_rows=2)
-    assert stream.step.notes == {"seen": "demo:a/b.parquet"}  # recorded before the first window
+    assert stream.record.notes == {"seen": "demo:a/b.parquet"}  # recorded before the first window
     assert stream.schema == SCHEMA.append(pa.field("stamp", pa.string()))
     window = pa.table({"id": [7, 8]}, schema=SCHEMA)
     assert stream.apply(window, 0).to_pydict() == {"id": [7, 8], "stamp": ["demo:a/b.parquet#0", "demo:a/b.parquet#1"]}
@@ -94,13 +94,13 @@ def test_apply_is_the_stream_over_one_window():
     table = pa.table({"id": [7, 8, 9]}, schema=SCHEMA)
     out, step = Stamp().apply(table, DATASET, "a/b.parquet", History())
     assert out.column("stamp").to_pylist() == [f"demo:a/b.parquet#{i}" for i in range(3)]
-    assert step == Step(Status.APPLIED, (appended("stamp"),), NO_INPUT, {"seen": "demo:a/b.parquet"})
+    assert step == StepRecord(Status.APPLIED, (appended("stamp"),), NO_INPUT, {"seen": "demo:a/b.parquet"})
 
 
 def test_plan_is_the_stream_opened_on_the_schema_alone_and_planned():
     schema, step = Stamp().plan(SCHEMA, DATASET, "a/b.parquet", History())
     assert schema == SCHEMA.append(pa.field("stamp", pa.string()))
-    assert step == Step(Status.PLANNED, (appended("stamp"),), NO_INPUT, {"seen": "demo:a/b.parquet"})
+    assert step == StepRecord(Status.PLANNED, (appended("stamp"),), NO_INPUT, {"seen": "demo:a/b.parquet"})
 
 
 def test_the_default_plan_refuses_an_operation_that_reads_a_sibling_of_this_dataset():

@@ -20,7 +20,7 @@ from test_flow_local import REL, SHARDS, assert_output_equals_inputs, summary_co
 import flows.merge
 from flows.runconfig import RunConfig
 from tasks.errors import ConfigError
-from tasks.merge import read_provenance
+from tasks.kernel import read_provenance
 
 HINT = re.compile(r"rerun with --continue-overwrite (\S+) instead of --overwrite to continue")
 FAILING = 1  # the overwrite (one shard at a time, --fail-fast) writes REL[0], fails REL[1], never starts the rest

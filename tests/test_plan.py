@@ -23,7 +23,7 @@ from faultproxy import DENIED, UNSUPPORTED, proxied  # noqa: F401 (a fixture)
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.errors import ConfigError
-from tasks.merge import PROVENANCE_KEY, Job, merge_shard, overwrite_fields
+from tasks.kernel import PROVENANCE_KEY, Job, merge_shard, overwrite_fields
 from tasks.plan import (
     changed_inputs,
     inspect_schemas,

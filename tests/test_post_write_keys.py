@@ -17,7 +17,7 @@ from core_fixtures import build, read_table
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.errors import ShardError
-from tasks.merge import Job, ShardStats, merge_shard, same_keys, verify_output
+from tasks.kernel import Job, ShardStats, merge_shard, same_keys, check_written
 
 REL = sorted(relpaths(1))[0]
 ROW = 3
@@ -44,7 +44,7 @@ def payload(table: pa.Table) -> pa.Buffer:
 
 
 def check(job: Job, stats: ShardStats, written: pa.Table, base_keys: pa.ChunkedArray) -> None:
-    verify_output(job, REL, stats, payload(written), base_keys.chunks)
+    check_written(job, REL, stats, payload(written), base_keys.chunks)
 
 
 def test_a_null_written_where_the_base_has_a_key_fails_the_check(merged):
@@ -112,7 +112,7 @@ def test_verify_and_alignment_count_a_null_key_as_a_difference(got, want):
     """The other key comparisons in tasks/ (checked for the same trap): verify's value compare and the merge's
     alignment both count a null against a value as a mismatch."""
     from tasks.ops.alignment import check_aligned
-    from tasks.verify.compare import compare
+    from tasks.verification.compare import compare
 
     g, w = pa.chunked_array([pa.array(got)]), pa.chunked_array([pa.array(want)])
     assert compare("k", g, w) == f"column 'k': 1 of 3 rows differ, first at row 1: {got[1]!r} vs {want[1]!r}"

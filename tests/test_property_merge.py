@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tasks import storage
 from tasks.config import Dataset, Pipeline
 from tasks.errors import ShardError
-from tasks.merge import Job, merge_shard
+from tasks.kernel import Job, merge_shard
 from tasks.ops.alignment import check_aligned
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
 

@@ -15,9 +15,9 @@ from core_fixtures import build, get_bytes, identities, read_meta, read_table, w
 from test_flow_local import REL, SHARDS, assert_output_equals_inputs, summary_counts
 
 import flows.merge
-from tasks import merge
-from tasks.merge import PROVENANCE_KEY, read_provenance
-from tasks.verify import PROVENANCE
+from tasks import kernel
+from tasks.kernel import PROVENANCE_KEY, read_provenance
+from tasks.verification import PROVENANCE
 
 
 def rewrite(uri: str, change_table=lambda t: t, change_prov=lambda p: p) -> None:
@@ -120,7 +120,7 @@ def test_overwrite_before_honours_the_zone_it_names(tmp_path, run, monkeypatch):
 
 
 def test_merge_module_has_the_clock_the_tests_patch():
-    assert flows.merge.now_utc is merge.now_utc  # the run's start comes from here (Job.started)
+    assert flows.merge.now_utc is kernel.now_utc  # the run's start comes from here (Job.started)
 
 
 @pytest.mark.parametrize("change", [MALFORMED["a-list"], MALFORMED["operations-a-string"]],

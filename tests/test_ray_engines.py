@@ -25,7 +25,7 @@ from ray_fixtures import driver_env, finish, kill_tagged, new_tag, no_errors, st
 
 from flows.server import free_port, healthy, stop
 from tasks.demo import relpaths
-from tasks.merge import PER_RUN_FIELDS, PROVENANCE_KEY
+from tasks.kernel import PER_RUN_FIELDS, PROVENANCE_KEY
 
 pytestmark = pytest.mark.ray
 

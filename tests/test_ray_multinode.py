@@ -24,8 +24,8 @@ from ray_fixtures import (
 
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
-from tasks.merge import Job
-from tasks.verify import verify
+from tasks.kernel import Job
+from tasks.verification import verify
 
 pytestmark = pytest.mark.ray
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import snapshot
 from faultproxy import FaultProxy
 from reliability_fixtures import REPO, assert_output_verifies, cli_command, cli_env, make_demo
-from tasks import merge, storage
+from tasks import kernel, storage
 
 pytestmark = pytest.mark.slow
 
@@ -51,10 +51,10 @@ def overlapped(a: list[tuple], b: list[tuple]) -> bool:
     return any(s1 < e2 and s2 < e1 for s1, e1 in a for s2, e2 in b)
 
 
-def expected_table(job: merge.Job, relpath: str):
-    state = merge.read_base(job, relpath)
+def expected_table(job: kernel.Job, relpath: str):
+    state = kernel.read_base(job, relpath)
     for index in range(len(job.pipeline.operations)):
-        state = merge.apply_step(job, relpath, index, state)
+        state = kernel.apply_operation(job, relpath, index, state)
     return state.table
 
 
@@ -93,7 +93,7 @@ def test_two_runs_on_one_output_prefix(where, tmp_path, prefect_api, request):
         with storage.open_parquet(job.output_uri(rel)) as f:
             pf = pq.ParquetFile(f)
             written = pf.read()
-            prov = merge.read_provenance(pf.metadata)
+            prov = kernel.read_provenance(pf.metadata)
         assert prov and prov["fingerprint"] == job.fingerprint, rel
         assert written.equals(expected_table(job, rel)), f"{rel} is not exactly one writer's merge"
     assert storage.list_prefix(demo.output).others == ()

@@ -1,7 +1,7 @@
 """Resume keyed on the output shard and its inputs (issue 11, seen case 1 and deliverable 1).
 
 Each output records the identities of its inputs (size + ETag on S3, size + mtime_ns locally) and the key
-merge.shard_key makes of them; the planner recomputes that key from its listings. A rerun after one source
+kernel.shard_key makes of them; the planner recomputes that key from its listings. A rerun after one source
 shard changed rewrites exactly that shard; outputs of an older version or older merge semantics are stale;
 a rerun on a complete S3 output reads footers of the output only (requests counted at a proxy).
 """
@@ -17,10 +17,10 @@ from core_fixtures import build, identities, read_meta, read_table, versioned, w
 from faultproxy import FaultProxy
 from reliability_fixtures import cli_env, make_demo, run_cli
 
-from tasks import merge, storage
+from tasks import kernel, storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
-from tasks.merge import Job, read_provenance
+from tasks.kernel import Job, read_provenance
 from tasks.plan import make_plan
 from tasks.prefect_tasks import SHARD_INPUTS
 
@@ -87,7 +87,7 @@ def strip_identities(uri: str) -> None:
     for key in ("inputs", "input_key", "merge_semantics", "rows", "run_id"):
         prov.pop(key)
     meta = dict(table.schema.metadata)
-    meta[merge.PROVENANCE_KEY] = json.dumps(prov).encode()
+    meta[kernel.PROVENANCE_KEY] = json.dumps(prov).encode()
     storage.write_atomic(table.replace_schema_metadata(meta), uri)
 
 
@@ -99,7 +99,7 @@ def test_outputs_without_input_identities_or_of_older_semantics_are_stale(tmp_pa
     assert code == 0 and counts(out) == (SHARDS, 1, SHARDS - 1, 0), out + err
     assert read_provenance(read_meta(setup.output + REL[0]))["input_key"]
 
-    monkeypatch.setattr(merge, "MERGE_SEMANTICS_VERSION", merge.MERGE_SEMANTICS_VERSION + 1)
+    monkeypatch.setattr(kernel, "MERGE_SEMANTICS_VERSION", kernel.MERGE_SEMANTICS_VERSION + 1)
     code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
     assert code == 0 and counts(out) == (SHARDS, SHARDS, 0, 0), out + err
     assert f"stale outputs (inputs changed since they were written): {SHARDS} ({SHARDS} recomputed)" in out
@@ -111,15 +111,15 @@ def test_one_key_for_planner_task_and_provenance(tmp_path, root):
     setup = build(tmp_path, root, shards=2)
     job = Job(load_pipeline(setup.pipeline), setup.output)
     for rel in sorted(relpaths(2)):
-        state = merge.read_base(job, rel)
+        state = kernel.read_base(job, rel)
         for i in range(len(job.pipeline.operations)):
-            state = merge.apply_step(job, rel, i, state)
-        merge.write_output(job, rel, state)
+            state = kernel.apply_operation(job, rel, i, state)
+        kernel.write_output(job, rel, state)
         policy_key = SHARD_INPUTS.compute_key(None, {"job": job, "relpath": rel, "state": state}, {})
         recorded = read_provenance(read_meta(setup.output + rel))
         plan = make_plan(job)
         assert recorded["input_key"] == policy_key
-        assert merge.shard_key(job.fingerprint, rel, plan.inputs(rel)) == policy_key
+        assert kernel.shard_key(job.fingerprint, rel, plan.inputs(rel)) == policy_key
         assert recorded["inputs"] == plan.inputs(rel)
     assert plan.complete == sorted(relpaths(2)) and plan.todo == []
     assert plan.inputs(sorted(relpaths(2))[-1])["operations"][2] == "absent"  # the watermark gap

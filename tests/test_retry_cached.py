@@ -19,7 +19,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId, FlowRunFilterName, TaskRunFilter,
                                             TaskRunFilterName)
 
-from tasks import merge, storage
+from tasks import kernel, storage
 from tasks.demo import relpaths
 
 SHARDS = 4
@@ -36,7 +36,7 @@ EACH_LAYOUT = pytest.mark.parametrize("layout", list(LAYOUTS))
 def inject(monkeypatch, layout: str, relpath: str, attempt: int, after_write: bool) -> Counter:
     """The layout's write fails for `relpath` on its `attempt`-th call (after or before writing); others pass."""
     writer = LAYOUTS[layout][1]
-    real_write, calls = getattr(merge, writer), Counter()
+    real_write, calls = getattr(kernel, writer), Counter()
 
     def write(job, rel, state):
         calls[rel] += 1
@@ -47,7 +47,7 @@ def inject(monkeypatch, layout: str, relpath: str, attempt: int, after_write: bo
             raise OSError(f"injected: worker lost after the upload of {rel} completed")
         return stats
 
-    monkeypatch.setattr(merge, writer, write)
+    monkeypatch.setattr(kernel, writer, write)
     return calls
 
 
@@ -88,7 +88,7 @@ def test_overwrite_retry_never_keeps_the_previous_output(tmp_path, monkeypatch, 
     flags = LAYOUTS[layout][0]
     assert run(setup.pipeline, "--output-prefix", setup.output, *flags)[0] == 0
     before = identities(setup.output)
-    first_run = merge.read_provenance(read_meta(setup.output + REL[0])).get("run_id")
+    first_run = kernel.read_provenance(read_meta(setup.output + REL[0])).get("run_id")
     calls = inject(monkeypatch, layout, REL[0], attempt=1, after_write=False)
     code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--overwrite", "--retries", "1", *flags)
     assert code == 0, out + err
@@ -96,5 +96,5 @@ def test_overwrite_retry_never_keeps_the_previous_output(tmp_path, monkeypatch, 
     assert "4 total, 4 merged, 0 skipped (already complete), 0 failed" in out
     after = identities(setup.output)
     assert all(after[rel] != before[rel] for rel in REL), "every shard was rewritten by the --overwrite run"
-    runs = {merge.read_provenance(read_meta(setup.output + rel)).get("run_id") for rel in REL}
+    runs = {kernel.read_provenance(read_meta(setup.output + rel)).get("run_id") for rel in REL}
     assert len(runs) == 1 and first_run not in runs

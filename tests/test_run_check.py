@@ -16,7 +16,7 @@ from core_fixtures import build, flow_run_named, merge_dag, put_bytes, read_tabl
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
-from tasks.merge import Job, merge_shard, overwrite_fields
+from tasks.kernel import Job, merge_shard, overwrite_fields
 from tasks.plan import make_plan
 from tasks.runcheck import check_run
 

@@ -131,13 +131,13 @@ def popen(argv, *args, **kwargs):
         return real_popen(argv, *args, **kwargs)
     seen["at_spawn"] = sorted(m for m in ("tasks.config", "pyarrow", "prefect") if m in sys.modules)
     procs.append(real_popen(argv, *args, **kwargs))
-    from tasks import merge
-    real_open_shard = merge.open_shard
+    from tasks import kernel
+    real_open_shard = kernel.open_shard
     def open_shard(*args, **kwargs):
         if seen["pandas_at_first_read"] is None:
             seen["pandas_at_first_read"] = "pandas" in sys.modules
         return real_open_shard(*args, **kwargs)
-    merge.open_shard = open_shard
+    kernel.open_shard = open_shard
     return procs[-1]
 subprocess.Popen = popen
 seen["code"] = main(sys.argv[1:])

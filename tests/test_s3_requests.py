@@ -21,11 +21,11 @@ from faultproxy import CORRUPT, FaultProxy, proxied  # noqa: F401 (a fixture)
 from reliability_fixtures import allow_small_parts, pending_uploads
 from test_flow_local import summary_counts
 
-from tasks import merge, storage
+from tasks import kernel, storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.errors import ShardError
-from tasks.merge import Job, apply_step, merge_shard, read_base, write_output
+from tasks.kernel import Job, apply_operation, merge_shard, read_base, write_output
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
 from tasks.storage import s3 as s3_backend
 
@@ -116,7 +116,7 @@ def test_an_upload_corrupted_on_the_way_is_never_taken_for_written(tmp_path, s3_
         storage.write_atomic(table, s3_root + "out/part-0.parquet")
     assert proxy.faults_injected(corrupted) == 1  # the first one fails the write
     assert not objects(s3_root + "out/")  # and nothing is left: no object (a part failed), no pending upload
-    failure = merge._fail("x", "writing", s3_backend.UploadCorrupted("S3 stored other bytes than were sent"))
+    failure = kernel._fail("x", "writing", s3_backend.UploadCorrupted("S3 stored other bytes than were sent"))
     assert failure.transient and "not a readable parquet" not in str(failure)
 
 
@@ -185,7 +185,7 @@ def test_an_unproven_upload_is_read_back_by_the_check(tmp_path, s3_root, proxied
 def test_the_check_compares_with_the_base_keys_as_read_not_the_tables(tmp_path, monkeypatch, layout):
     """An operation that reorders rows (keys and values together) keeps the table self-consistent; the
     post-write check still fails it: the written keys are compared with the base's as read. Streamed (one
-    call, merge_shard) and chained (read_base, apply_step, write_output: the task per operation)."""
+    call, merge_shard) and chained (read_base, apply_operation, write_output: the task per operation)."""
     setup = build(tmp_path, str(tmp_path / "data") + "/", shards=1)
     job = Job(load_pipeline(setup.pipeline), setup.output)
     last = len(job.pipeline.operations) - 1
@@ -205,6 +205,6 @@ def test_the_check_compares_with_the_base_keys_as_read_not_the_tables(tmp_path, 
         else:
             state = read_base(job, REL[0])
             for index in range(last + 1):
-                state = apply_step(job, REL[0], index, state)
+                state = apply_operation(job, REL[0], index, state)
             write_output(job, REL[0], state)
     assert objects(setup.output) != []  # written, then failed by its check: the run names the shard failed

@@ -22,7 +22,7 @@ from faultproxy import Hold, proxied  # noqa: F401 (a fixture)
 from reliability_fixtures import allow_small_parts, pending_uploads
 from test_flow_local import summary_counts
 
-from tasks import merge, storage
+from tasks import kernel, storage
 from tasks.demo import relpaths
 from tasks.storage import s3 as s3_backend
 
@@ -160,7 +160,7 @@ def test_an_upload_someone_else_aborted_fails_the_write_transiently(s3_root, mot
                                                        f"{aborted_before}") as info:
         storage.write_atomic(table, uri)
     assert aborted
-    failure = merge._fail(REL[0], f"writing {uri}", info.value)
+    failure = kernel._fail(REL[0], f"writing {uri}", info.value)
     assert failure.transient, failure
     assert "NoSuchUpload" in str(failure)
     storage.write_atomic(table, uri)  # the retry

@@ -21,7 +21,7 @@ import threading
 import pytest
 
 from core_fixtures import build, objects
-from tasks import merge
+from tasks import kernel
 from tasks.demo import relpaths
 from tasks.errors import ShardError
 from test_flow_local import summary_counts
@@ -96,7 +96,7 @@ def test_a_signal_during_the_summary_leaves_the_exit_code_the_work_earned(tmp_pa
     from flows import merge as merge_flow_module
 
     setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS)
-    real_publish, real_open = merge_flow_module.publish_summary, merge.open_shard
+    real_publish, real_open = merge_flow_module.publish_summary, kernel.open_shard
 
     def publish_summary(*args, **kwargs):
         kill_self()
@@ -108,7 +108,7 @@ def test_a_signal_during_the_summary_leaves_the_exit_code_the_work_earned(tmp_pa
         return real_open(job, relpath, *args)
 
     monkeypatch.setattr(merge_flow_module, "publish_summary", publish_summary)
-    monkeypatch.setattr(merge, "open_shard", open_shard)
+    monkeypatch.setattr(kernel, "open_shard", open_shard)
     code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--retries", "0")
     assert code == (1 if failing else 0), err
     assert summary_counts(out + err) == (SHARDS, SHARDS - failing, 0, int(failing))

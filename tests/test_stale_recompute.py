@@ -13,7 +13,7 @@ import os
 from core_fixtures import build, get_bytes, swap_rows_fn
 from test_flow_local import REL, SHARDS, summary_counts
 
-from tasks.verify import INPUTS
+from tasks.verification import INPUTS
 
 
 def test_failed_recompute_of_a_stale_output_is_reported_and_fails_verify(tmp_path, run, cli):

@@ -13,7 +13,7 @@ from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.errors import ConfigError
-from tasks.merge import Job, merge_shard, read_provenance
+from tasks.kernel import Job, merge_shard, read_provenance
 from tasks.plan import make_plan
 from tasks.storage import generic
 

@@ -1,5 +1,5 @@
 """The streamed merge (a shard in one call: merge_shard, the fused task) against the whole-table one (the task
-per operation: read_base, apply_step, write_output): the same output or the same error, whatever the row groups
+per operation: read_base, apply_operation, write_output): the same output or the same error, whatever the row groups
 of the base and of each sibling, and memory bounded by a window, not by the shard."""
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from unittest.mock import patch
 from tasks import storage
 from tasks.config import Dataset, Pipeline
 from tasks.errors import ShardError
-from tasks.merge import PER_RUN_FIELDS, Job, apply_step, merge_shard, read_base, read_provenance, write_output
+from tasks.kernel import PER_RUN_FIELDS, Job, apply_operation, merge_shard, read_base, read_provenance, write_output
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
-from tasks import merge, windows
+from tasks import kernel, windows
 from tasks.windows import WINDOW_BYTES, RowWindows
 from test_property_merge import PERTURBATIONS, perturb
 
@@ -47,7 +47,7 @@ def write(table: pa.Table, uri: str, row_group: int) -> None:
 def whole(job: Job, rel: str):
     state = read_base(job, rel)
     for index in range(len(job.pipeline.operations)):
-        state = apply_step(job, rel, index, state)
+        state = apply_operation(job, rel, index, state)
     return write_output(job, rel, state)
 
 
@@ -128,15 +128,15 @@ def test_windows_sized_by_the_budget_cut_any_row_groups_and_change_nothing_but_t
                                    ("aes", aes, groups[2])):
             write(table, f"{root}{name}/{REL}", group)
         seen = []
-        real_window_rows = merge.window_rows
+        real_window_rows = kernel.window_rows
 
         def measured(natural, row_bytes, budget):
             seen.append((real_window_rows(natural, row_bytes, budget), row_bytes))
             return seen[-1][0]
 
         streamed_job = replace(job_for(root, "streamed"), window_bytes=budget_rows * 40)  # ~40 bytes a row
-        with patch.object(windows, "PROBE_ROWS", probe), patch.object(merge, "PROBE_ROWS", probe), \
-                patch.object(merge, "window_rows", measured):
+        with patch.object(windows, "PROBE_ROWS", probe), patch.object(kernel, "PROBE_ROWS", probe), \
+                patch.object(kernel, "window_rows", measured):
             streamed = outcome(merge_shard, streamed_job, REL)
         expected = outcome(whole, job_for(root, "whole"), REL)
         assert streamed[0] == expected[0], (streamed[:2], expected[:2])

@@ -17,11 +17,11 @@ import pytest
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import DEMO_PIPELINE, make_dataset, relpaths
-from tasks.merge import PROVENANCE_KEY, Job, merge_shard
+from tasks.kernel import PROVENANCE_KEY, Job, merge_shard
 from tasks.scorestats import BINS, StatSpec, column_partial
-from tasks.verify import (BASE, MERGED, PROVENANCE, ROWS, SCHEMA, SHARD_SET, STRAYS, choose_sample,
+from tasks.verification import (BASE, MERGED, PROVENANCE, ROWS, SCHEMA, SHARD_SET, STRAYS, choose_sample,
                           verify)
-from tasks.verify.registry import report_order
+from tasks.verification.registry import report_order
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_DOC = REPO / "docs" / "verify-report.schema.json"

@@ -1,4 +1,4 @@
-"""Verify's value-for-value comparison (tasks/verify/compare.py): NaN equals NaN at any depth, every other
+"""Verify's value-for-value comparison (tasks/verification/compare.py): NaN equals NaN at any depth, every other
 difference is counted and the first one named in the one line a verify report shows."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from tasks import storage
 from tasks.errors import ShardError
-from tasks.verify.compare import SLICE, compare, one_line, read
+from tasks.verification.compare import SLICE, compare, one_line, read
 
 NAN = float("nan")
 

@@ -1,4 +1,4 @@
-"""Verify's footer facts (tasks/verify/footers.py): both footers of a shard read once, the footer checks run on
+"""Verify's footer facts (tasks/verification/footers.py): both footers of a shard read once, the footer checks run on
 them, and each operation's recorded step read back from provenance."""
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from core_fixtures import build, read_table, remove, three_ops, write_table
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
-from tasks.merge import Job, merge_shard, read_provenance
-from tasks.ops.lineage import Step
+from tasks.kernel import Job, merge_shard, read_provenance
+from tasks.ops.lineage import StepRecord
 from tasks.plan import make_plan
 from tasks.scorestats import footer_ranges, stat_specs
-from tasks.verify.checks import INPUTS, ROWS
-from tasks.verify.footers import FooterFacts, op_records, read_footers
+from tasks.verification.checks import INPUTS, ROWS
+from tasks.verification.footers import FooterFacts, op_records, read_footers
 from test_verify_values import with_image
 
 FIRST, LAST = relpaths(2)
@@ -72,7 +72,7 @@ RECORD = {"type": "drop_columns", "columns": ["w"], "status": "dropped",
 
 
 @pytest.mark.parametrize("prov, n_ops, expected", [
-    ({"operations": [RECORD, RECORD]}, 2, (Step.from_dict(RECORD), Step.from_dict(RECORD))),
+    ({"operations": [RECORD, RECORD]}, 2, (StepRecord.from_dict(RECORD), StepRecord.from_dict(RECORD))),
     ({"operations": [RECORD]}, 2, None),                   # not one record per operation
     ({"operations": [RECORD, RECORD]}, 1, None),
     ({"operations": {"0": RECORD}}, 1, None),              # not a list

@@ -8,8 +8,8 @@ import jsonschema
 import pytest
 
 from tasks import report as render
-from tasks.verify import registry
-from tasks.verify.checks import (
+from tasks.verification import registry
+from tasks.verification.checks import (
     BASE,
     INPUTS,
     KEYS,
@@ -21,9 +21,9 @@ from tasks.verify.checks import (
     STRAYS,
     siblings_check,
 )
-from tasks.verify.registry import Check, register, report_order
-from tasks.verify.schema_doc import BEGIN, END, GUIDE_PATH, SCHEMA_PATH, render_guide
-from tasks.verify.schema_doc import render as render_schema
+from tasks.verification.registry import Check, register, report_order
+from tasks.verification.schema_doc import BEGIN, END, GUIDE_PATH, SCHEMA_PATH, render_guide
+from tasks.verification.schema_doc import render as render_schema
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,13 +41,13 @@ class Op:
 def test_committed_schema_is_generated_from_the_registry():
     text = SCHEMA_PATH.read_text()
     assert SCHEMA_PATH == REPO / "docs" / "verify-report.schema.json"
-    assert render_schema(json.loads(text)) == text, "run: python -m tasks.verify.schema_doc"
+    assert render_schema(json.loads(text)) == text, "run: python -m tasks.verification.schema_doc"
 
 
 def test_the_operator_guides_list_of_checks_is_generated_from_the_registry():
     text = GUIDE_PATH.read_text()
     assert GUIDE_PATH == REPO / "docs" / "operating-guide.md"
-    assert render_guide(text) == text, "run: python -m tasks.verify.schema_doc"
+    assert render_guide(text) == text, "run: python -m tasks.verification.schema_doc"
     listed = text.partition(BEGIN)[2].partition(END)[0]
     for check in registry.REGISTRY:
         assert f"| `{check.name.replace('{index}', 'i')}` | {check.stage} | {check.unit} | {check.about} |" in listed

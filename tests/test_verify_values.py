@@ -1,4 +1,4 @@
-"""Verify's data checks on one sampled shard (tasks/verify/values.py): what each operation would have done when an
+"""Verify's data checks on one sampled shard (tasks/verification/values.py): what each operation would have done when an
 output has no provenance (derived from the sources' footers), and the lines a sampled shard's checks report."""
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from core_fixtures import FILTER_EXTENSIONS, aes_op, build, dqm_op, read_table, 
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
-from tasks.merge import Job, merge_shard, read_provenance
+from tasks.kernel import Job, merge_shard, read_provenance
 from tasks.ops.base import NO_INPUT
 from tasks.ops.lineage import Status, absent, appended, renamed
 from tasks.errors import ShardError
 from tasks.scorestats import StatSpec
-from tasks.verify.checks import BASE, KEYS, MERGED
-from tasks.verify.compare import read
-from tasks.verify.footers import op_records
-from tasks.verify.values import (ShardTask, ShardValues, Streams, check_shard, deep_failures, derived_records,
+from tasks.verification.checks import BASE, KEYS, MERGED
+from tasks.verification.compare import read
+from tasks.verification.footers import op_records
+from tasks.verification.values import (ShardTask, ShardValues, Streams, check_shard, deep_failures, derived_records,
                                  fold_stats)
 
 FIRST, LAST = relpaths(2)  # the demo's watermark sidecar has no sibling for the last shard

@@ -1,4 +1,4 @@
-"""Verify's deep checks a window of rows at a time (tasks/verify/values.py): windows of any size that cut through
+"""Verify's deep checks a window of rows at a time (tasks/verification/values.py): windows of any size that cut through
 the row groups of the output, the base and each sibling find exactly the differences a whole-shard comparison
 finds, counted over the shard and named by their row within it; statistics fold window by window to the same
 numbers; on S3 each object is read once, as listed (no HEAD), in as few requests as its layout allows."""
@@ -21,10 +21,10 @@ from test_s3_requests import per_object
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
-from tasks.merge import Job, merge_shard
+from tasks.kernel import Job, merge_shard
 from tasks.scorestats import stat_specs
-from tasks.verify import BASE, KEYS, MERGED, verify
-from tasks.verify.values import ShardTask, check_shard
+from tasks.verification import BASE, KEYS, MERGED, verify
+from tasks.verification.values import ShardTask, check_shard
 
 ROWS = 40
 REL = relpaths(1)[0]

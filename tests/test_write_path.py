@@ -4,7 +4,7 @@
   and a reader looking at the final name while the bytes are going in sees no partial file (local disk);
 - a multipart upload failing after a part is in leaves no object and no pending upload (S3 on moto);
 - the backstops `check_relpath` and `check_write_path` refuse paths that could land outside the prefix;
-- the post-write check (`merge.verify_output`) fails an output a faulty writer got wrong (a row lost, keys
+- the post-write check (`kernel.check_written`) fails an output a faulty writer got wrong (a row lost, keys
   out of order, another pipeline's fingerprint), directly and through both task layouts of a run.
 
 Each of these is killed by a mutant of `tests/mutants.py` (docs/guarantees.md, "Mutation table").
@@ -22,11 +22,11 @@ from faultproxy import proxied  # noqa: F401 (a fixture)
 from reliability_fixtures import allow_small_parts, pending_uploads
 from test_flow_local import summary_counts
 
-from tasks import merge, storage
+from tasks import kernel, storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.errors import ShardError
-from tasks.merge import PROVENANCE_KEY, Job, merge_shard
+from tasks.kernel import PROVENANCE_KEY, Job, merge_shard
 from tasks.storage import local as local_backend
 from tasks.storage import s3 as s3_backend
 
@@ -326,7 +326,7 @@ def test_only_io_trouble_is_retried(exc, transient):
     """The classification behind Prefect's retry condition (`prefect_tasks.worth_retrying`)."""
     from tasks.prefect_tasks import worth_retrying
 
-    failure = merge._fail(REL[0], "writing x", exc)
+    failure = kernel._fail(REL[0], "writing x", exc)
     assert failure.transient is transient
     state = type("State", (), {"result": lambda self, raise_on_failure: failure})()
     assert worth_retrying(None, None, state) is transient

@@ -1,7 +1,7 @@
 """The W1 contenders: each merges every shard of a case (DQM + AES into the base) into an output folder.
 
 floor    minimal pyarrow: read base, read only the two score columns, append, write (zstd, same row groups)
-kernel   tasks.merge.merge_shard (read, align-check, write atomically, the post-write check), shard after shard
+kernel   tasks.kernel.merge_shard (read, align-check, write atomically, the post-write check), shard after shard
 kernel_noverify   the same chain without the post-write check (store_output: the like-for-like comparison with the floor)
 pandas   pd.read_parquet (pyarrow dtypes) + merge on the keys + to_parquet (zstd, same row groups)
 duckdb   COPY (base POSITIONAL JOIN dqm POSITIONAL JOIN aes) TO parquet (zstd, same row groups)
@@ -71,13 +71,13 @@ def verify_whole(case: Case, out: str) -> None:
 
 def _job(case: Case, out: str):
     from tasks.config import load_pipeline
-    from tasks.merge import Job
+    from tasks.kernel import Job
 
     return Job(load_pipeline(case.pipeline), out)
 
 
 def kernel(case: Case, out: str) -> None:
-    from tasks.merge import merge_shard
+    from tasks.kernel import merge_shard
 
     job = _job(case, out)
     for rel in case.relpaths:
@@ -85,13 +85,13 @@ def kernel(case: Case, out: str) -> None:
 
 
 def kernel_noverify(case: Case, out: str) -> None:
-    from tasks.merge import apply_step, read_base, store_output
+    from tasks.kernel import apply_operation, read_base, store_output
 
     job = _job(case, out)
     for rel in case.relpaths:
         state = read_base(job, rel)
         for index in range(len(job.pipeline.operations)):
-            state = apply_step(job, rel, index, state)
+            state = apply_operation(job, rel, index, state)
         store_output(job, rel, state)
 
 
@@ -101,7 +101,7 @@ def ray_kernel(case: Case, out: str, window: int = 32) -> None:
 
     import ray
 
-    from tasks.merge import merge_shard
+    from tasks.kernel import merge_shard
 
     ray.init(address="local", log_to_driver=False, logging_level=logging.WARNING)
     try:

@@ -6,7 +6,7 @@
                                            SIDECAR_BENCH_S3_TRACE=PATH, which code made each S3 request
                                            (bench/workloads/s3trace.py)
     probe.py merge OUT.json PIPELINE OUTPUT WARMUP_RELPATH RELPATH
-                                           tasks.merge.merge_shard on a tiny warm-up shard (lazy imports,
+                                           tasks.kernel.merge_shard on a tiny warm-up shard (lazy imports,
                                            kernel registries, thread pools), then on RELPATH: RSS before,
                                            peak RSS, decoded size of the output table
     probe.py contender OUT.json NAME CASE_ROOT OUTPUT
@@ -39,9 +39,9 @@ def cli(args: list[str]) -> dict:
 
     from flows.cli import main, quiet_environment
 
-    quiet_environment(False)  # what main() sets before pyarrow loads (Arrow's memory pool), before tasks.merge does
+    quiet_environment(False)  # what main() sets before pyarrow loads (Arrow's memory pool), before tasks.kernel does
     import flows.server
-    import tasks.merge
+    import tasks.kernel
 
     real_api = flows.server.prefect_api
 
@@ -59,8 +59,8 @@ def cli(args: list[str]) -> dict:
             report["server_ready_at"] = time.time()
             yield url
 
-    tasks.merge.read_base = first_task(tasks.merge.read_base)
-    tasks.merge.open_shard = first_task(tasks.merge.open_shard)
+    tasks.kernel.read_base = first_task(tasks.kernel.read_base)
+    tasks.kernel.open_shard = first_task(tasks.kernel.open_shard)
     flows.server.prefect_api = prefect_api
     report["imported_at"] = time.time()
     try:
@@ -76,7 +76,7 @@ def merge(pipeline: str, output: str, warmup: str, relpath: str) -> dict:
     import pyarrow.parquet as pq
 
     from tasks.config import load_pipeline
-    from tasks.merge import Job, merge_shard
+    from tasks.kernel import Job, merge_shard
 
     job = Job(load_pipeline(pipeline), output)
     merge_shard(job, warmup)

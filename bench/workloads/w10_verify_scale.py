@@ -7,7 +7,7 @@ A case of N tiny shards (10 rows, the bench schema and pipeline) per count, in i
   a thread pool (boto3 put_object). Every shard is the same table, so alignment holds;
 - the merged outputs: a real `sidecar-ops run` over the N shards. One merged output copied under every relpath
   would not do: each output records the key of its inputs, and that key includes the relpath
-  (tasks/merge.py shard_key), so the copies would fail verify's `current inputs` check.
+  (tasks/kernel.py shard_key), so the copies would fail verify's `current inputs` check.
 Measured, through the proxy, each a fresh process (bench/workloads/probe.py), once per count:
 (a) `sidecar-ops verify --samples 50` (the default sample: every shard's footers, 50 shards' data)
 (b) `sidecar-ops verify --samples 50 --all` (also every shard's score statistics, so every shard's data)

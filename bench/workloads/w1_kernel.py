@@ -57,9 +57,9 @@ def run(data: Path, size: dict) -> list[Row]:
     ours = m["flow"]
     rows = [
         Row("W1", "(a) floor: minimal pyarrow", m["floor"], samples=samples["floor"], note=desc),
-        Row("W1", "(b) kernel without verify_output", m["kernel_noverify"], samples=samples["kernel_noverify"],
+        Row("W1", "(b) kernel without check_written", m["kernel_noverify"], samples=samples["kernel_noverify"],
             ref="(a) floor: minimal pyarrow", goal="<= 1.10", note="like for like with the floor"),
-        Row("W1", "(b') kernel merge_shard (incl. verify_output)", m["kernel"], samples=samples["kernel"],
+        Row("W1", "(b') kernel merge_shard (incl. check_written)", m["kernel"], samples=samples["kernel"],
             ref="(a) floor: minimal pyarrow", goal="<= 1.10", note="also re-reads both key columns"),
         Row("W1", "(c) full flow, thread runner, warm server", m["flow"], samples=samples["flow"],
             ref="(a) floor: minimal pyarrow", goal="<= 1.25", note="merge_flow in-process, server already up"),

@@ -28,19 +28,19 @@ def plain_ray(case, out: str) -> tuple[float, float]:
     t0 = time.perf_counter()
     ray.init(address="local", log_to_driver=False, logging_level=logging.WARNING)
     try:
-        from tasks import merge
+        from tasks import kernel
         from tasks.config import load_pipeline
 
-        job = merge.Job(load_pipeline(case.pipeline), out)
+        job = kernel.Job(load_pipeline(case.pipeline), out)
 
         # Defined here so cloudpickle ships them by value (workers need not import bench/).
         @ray.remote
         def first(job, rel):
-            return merge.apply_step(job, rel, 0, merge.read_base(job, rel))
+            return kernel.apply_operation(job, rel, 0, kernel.read_base(job, rel))
 
         @ray.remote
         def last(job, rel, state):
-            return merge.write_output(job, rel, merge.apply_step(job, rel, 1, state))  # writes and checks
+            return kernel.write_output(job, rel, kernel.apply_operation(job, rel, 1, state))  # writes and checks
 
         t1 = time.perf_counter()
         job_ref = ray.put(job)

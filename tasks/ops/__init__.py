@@ -9,7 +9,7 @@ import inspect
 import pkgutil
 
 from tasks.ops.base import ABSENT, NO_INPUT, FieldProblem, Findings, Input, Operation, provenance_record
-from tasks.ops.lineage import History, Status, Step
+from tasks.ops.lineage import History, Status, StepRecord
 
 SUPPORT = {"base", "lineage", "alignment"}  # the protocol and its helpers: no operation in them
 
@@ -37,4 +37,4 @@ from tasks.ops.merge_from_sidecar import MergeFromSidecar  # noqa: E402
 from tasks.ops.rename_columns import RenameColumns  # noqa: E402
 
 __all__ = ["ABSENT", "NO_INPUT", "OPERATIONS", "DropColumns", "FieldProblem", "Findings", "History", "Input",
-           "MergeFromSidecar", "Operation", "RenameColumns", "Status", "Step", "provenance_record"]
+           "MergeFromSidecar", "Operation", "RenameColumns", "Status", "StepRecord", "provenance_record"]

@@ -6,7 +6,7 @@ Its YAML fields are a pydantic model (`spec`, a subclass of `OperationSpec`): co
 an operation's fields: they ask for its `input`, its key columns, the columns it may supply, and let it plan,
 stream, describe and verify itself. An operation writes one code path, `stream` (its step over a shard, window by
 window); `apply` (a whole table: the `--task-per-operation` chain) is `stream` over one window, and `plan` (from
-footers) is `stream` opened on the schema alone for a step that reads no sibling. Each returns a `Step`
+footers) is `stream` opened on the schema alone for a step that reads no sibling. Each returns a `StepRecord`
 (tasks/ops/lineage.py): its status and its lineage, where every column it affected came from; verify replays
 lineage, never an operation's fields.
 """
@@ -22,7 +22,7 @@ from pydantic import AfterValidator
 
 from tasks import storage
 from tasks.models import ColumnName
-from tasks.ops.lineage import History, Status, Step
+from tasks.ops.lineage import History, Status, StepRecord
 from tasks.validation import Items, Spec
 
 ABSENT = storage.ABSENT  # input identity of an optional operation whose sibling shard does not exist (as listed)
@@ -100,13 +100,13 @@ class Findings:
 
 
 class StepStream(ABC):
-    """One operation's step over a shard, window by window (Operation.stream). `step` is its record and
+    """One operation's step over a shard, window by window (Operation.stream). `record` is what it did and
     `schema` the table's after it; `apply`
     takes the next window of rows (starting at row `offset` of the shard) and returns it changed; `failed`
     says a window showed the shard cannot be merged (the caller stops writing, keeps feeding windows to count),
     `finish` raises that after the last window; `close` releases what it opened."""
 
-    step: Step
+    record: StepRecord
     schema: pa.Schema
     failed: bool = False
 
@@ -125,8 +125,9 @@ class TableStream(StepStream):
     """A step that changes each window by itself (or not at all: `change` None). `change(window, offset)`:
     `offset` is the window's first row in the shard, for messages naming a row (`offset + i`)."""
 
-    def __init__(self, step: Step, schema: pa.Schema, change: Callable[[pa.Table, int], pa.Table] | None = None):
-        self.step, self.schema, self.change = step, schema, change
+    def __init__(self, record: StepRecord, schema: pa.Schema,
+                 change: Callable[[pa.Table, int], pa.Table] | None = None):
+        self.record, self.schema, self.change = record, schema, change
 
     def apply(self, window: pa.Table, offset: int) -> pa.Table:
         return self.change(window, offset) if self.change else window
@@ -199,18 +200,18 @@ class Operation(ABC):
                window_rows: int) -> StepStream:
         """The step over a shard of `rows` rows whose table has `schema`, seen in windows of `window_rows` rows
         (the last may be shorter). What it can tell from footers is checked and recorded now, as the stream's
-        `step` (status, input, the lineage of every column it affects; kept in provenance beside `to_dict()`)
+        `record` (status, input, the lineage of every column it affects; kept in provenance beside `to_dict()`)
         and `schema` (the table's after it); each window then goes through `StepStream.apply(window, offset)`.
         `history`: what the earlier steps did on this shard, e.g. which skipped step explains a column's
         absence. A step that changes each window by itself returns a `TableStream`. Raises ShardError for what
         cannot work on this shard (FileNotFoundError for a missing required sibling)."""
 
-    def apply(self, table: pa.Table, dataset, relpath: str, history: History) -> tuple[pa.Table, Step]:
+    def apply(self, table: pa.Table, dataset, relpath: str, history: History) -> tuple[pa.Table, StepRecord]:
         """The step on a whole table (the `--task-per-operation` chain): `stream` over one window."""
         stream = self.stream(table.schema, dataset, relpath, history, table.num_rows, table.num_rows)
-        return whole(stream, table), stream.step
+        return whole(stream, table), stream.record
 
-    def plan(self, schema: pa.Schema, dataset, relpath: str, history: History) -> tuple[pa.Schema, Step]:
+    def plan(self, schema: pa.Schema, dataset, relpath: str, history: History) -> tuple[pa.Schema, StepRecord]:
         """The schema after this step and its record (status PLANNED unless skipped), from footers only (dry
         run, verify without provenance). By default `stream` opened on the schema alone and closed, which suits
         a step that reads no sibling; an operation that reads one overrides this to read only its footer."""
@@ -219,8 +220,8 @@ class Operation(ABC):
                             "which would read the sibling's rows")
         stream = self.stream(schema, dataset, relpath, history, 0, 0)
         stream.close()
-        step = stream.step
-        return stream.schema, step if not step.applied else replace(step, status=Status.PLANNED)
+        record = stream.record
+        return stream.schema, record if not record.applied else replace(record, status=Status.PLANNED)
 
     # ---------------------------------------------------------------- dry run and verify
     def dry_run_lines(self, dataset) -> tuple[str, list[str]]:
@@ -228,18 +229,18 @@ class Operation(ABC):
         return self.describe(), []
 
     def verify_checks(self, dataset) -> tuple[str, ...]:
-        """Names of the per-operation checks (tasks.verify.checks) this operation contributes."""
+        """Names of the per-operation checks (tasks.verification.checks) this operation contributes."""
         return (SIBLINGS,) if self.input(dataset) else ()
 
-    def compare_values(self, shard, index: int, record: Step) -> Findings:
+    def compare_values(self, shard, index: int, record: StepRecord) -> Findings:
         """Value checks on one sampled shard, called once per window of its rows. `shard`
-        (tasks.verify.values.ShardValues) offers the window's output and base rows, the replayed `layout`,
+        (tasks.verification.values.ShardValues) offers the window's output and base rows, the replayed `layout`,
         `read(uri, columns)` (the same rows of that file) and `compare(name, got, want, cast)` (a line counting
         the differences of every window so far: the last window's findings are the shard's); `record` is this
-        step's Step. Nothing to compare by default."""
+        step's StepRecord. Nothing to compare by default."""
         return Findings()
 
 
-def provenance_record(op: Operation, step: Step) -> dict:
-    """The per-operation record an output's provenance keeps: the operation as configured, then its step."""
-    return {**op.to_dict(), **step.to_dict()}
+def provenance_record(op: Operation, record: StepRecord) -> dict:
+    """The per-operation entry an output's provenance keeps: the operation as configured, then its record."""
+    return {**op.to_dict(), **record.to_dict()}

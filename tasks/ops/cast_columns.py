@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field
 from tasks.errors import ShardError
 from tasks.models import ColumnName
 from tasks.ops.base import NO_INPUT, FieldProblem, Findings, Operation, OperationSpec, TableStream
-from tasks.ops.lineage import History, Status, Step, transformed
+from tasks.ops.lineage import History, Status, StepRecord, transformed
 from tasks.validation import Items, Says
 
 
@@ -118,7 +118,7 @@ class CastColumns(Operation):
                 index = window.schema.get_field_index(column)
                 window = window.set_column(index, schema.field(column), self.cast(column, window[column], target, offset))
             return window
-        return TableStream(Step(Status.APPLIED, tuple(transformed(c) for c in targets), NO_INPUT), schema, change)
+        return TableStream(StepRecord(Status.APPLIED, tuple(transformed(c) for c in targets), NO_INPUT), schema, change)
 
     def cast(self, column: str, values: pa.ChunkedArray, target: pa.DataType, offset: int) -> pa.ChunkedArray:
         """`values` (rows from `offset` of the shard) as `target`; a value a safe cast refuses is one line."""

@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field
 from tasks.errors import ShardError
 from tasks.ops.base import (NO_INPUT, ColumnList, FieldProblem, Findings, Operation, OperationSpec,
                             TableStream, schema_extra)
-from tasks.ops.lineage import History, Status, Step, legacy_lists, removed
+from tasks.ops.lineage import History, Status, StepRecord, legacy_lists, removed
 from tasks.validation import Says
 
 
@@ -84,9 +84,9 @@ class DropColumns(Operation):
         return TableStream(self._record(Status.DROPPED), schema,
                            lambda window, offset: window.drop_columns(list(self.columns)))
 
-    def _record(self, status: Status) -> Step:
+    def _record(self, status: Status) -> StepRecord:
         lineage = tuple(removed(c) for c in self.columns)
-        return Step(status, lineage, NO_INPUT, legacy_lists(lineage, "removed"))  # `removed`: as it always did
+        return StepRecord(status, lineage, NO_INPUT, legacy_lists(lineage, "removed"))  # `removed`: as it always did
 
     def dry_run_lines(self, dataset) -> tuple[str, list[str]]:
         return f"{self.describe()} (reads no sibling)", []

@@ -1,8 +1,8 @@
 """Column lineage as data: what each step did to each column, and the one replay of it.
 
-Every step's record (`Step`) carries its `status` and its `lineage`: one `ColumnChange` per column the step
+Every step's record (`StepRecord`) carries its `status` and its `lineage`: one `ColumnChange` per column the step
 affects, saying where the column came from (the sibling's column `sibling`, the table's column `was` under a
-new name, or the column's own values before the step, transformed by it) or that it was removed. The kernel writes it into provenance (`Step.to_dict`), `Step.from_dict`
+new name, or the column's own values before the step, transformed by it) or that it was removed. The kernel writes it into provenance (`StepRecord.to_dict`), `StepRecord.from_dict`
 reads it back (and converts the `appended`/`replaced`/`removed` lists that outputs of earlier versions
 recorded), and `replay` turns the base schema plus the records into the expected output layout and each output
 column's origin. Verify replays only here and never asks an operation what it did.
@@ -108,7 +108,7 @@ def from_legacy(record: dict) -> tuple[ColumnChange, ...]:
 
 
 @dataclass(frozen=True)
-class Step:
+class StepRecord:
     """One step's record on one shard: provenance keeps `to_dict()` beside the operation's own `to_dict()`."""
 
     status: Status
@@ -128,7 +128,7 @@ class Step:
         return out
 
     @classmethod
-    def from_dict(cls, record: dict) -> Step:
+    def from_dict(cls, record: dict) -> StepRecord:
         """A recorded step; one without `lineage` (written by an earlier version) through `from_legacy`."""
         raw = record.get("lineage")
         lineage = (tuple(ColumnChange.from_dict(c) for c in raw) if isinstance(raw, list)
@@ -175,7 +175,7 @@ class Layout:
         return [(name, o.column) for name, o in self.columns if o.step == index and not o.transformed]
 
 
-def replay(base: Sequence[str], records: Sequence[Step] | None) -> Layout:
+def replay(base: Sequence[str], records: Sequence[StepRecord] | None) -> Layout:
     """The expected output of a shard: the base columns, then each applied step's lineage in order.
 
     Lenient with records that contradict the table (a hand-edited provenance): a change naming a column that is
@@ -218,18 +218,18 @@ class History:
     `apply` and `plan` receive it, so a step can tell a column absent because an optional step was skipped
     from one absent because the pipeline is misconfigured."""
 
-    steps: tuple[tuple[object, Step], ...] = ()
+    steps: tuple[tuple[object, StepRecord], ...] = ()
 
     @classmethod
-    def of(cls, operations: Sequence, records: Sequence[dict | Step]) -> History:
-        return cls(tuple((op, r if isinstance(r, Step) else Step.from_dict(r))
+    def of(cls, operations: Sequence, records: Sequence[dict | StepRecord]) -> History:
+        return cls(tuple((op, r if isinstance(r, StepRecord) else StepRecord.from_dict(r))
                          for op, r in zip(operations, records)))
 
-    def then(self, operation, record: Step) -> History:
+    def then(self, operation, record: StepRecord) -> History:
         return History((*self.steps, (operation, record)))
 
     @property
-    def records(self) -> tuple[Step, ...]:
+    def records(self) -> tuple[StepRecord, ...]:
         return tuple(r for _, r in self.steps)
 
     def skipped_supplier(self, column: str) -> int | None:

@@ -19,7 +19,7 @@ from tasks.models import ColumnName, Prefix
 from tasks.ops.alignment import Alignment, check_row_counts, comparable
 from tasks.ops.base import (ABSENT, ColumnList, FieldProblem, Findings, Input, Operation, OperationSpec,
                             StepStream, TableStream, schema_extra)
-from tasks.ops.lineage import History, Status, Step, appended, legacy_lists, replaced
+from tasks.ops.lineage import History, Status, StepRecord, appended, legacy_lists, replaced
 from tasks.parquet_errors import unreadable_parquet
 from tasks.validation import Says
 from tasks.windows import RowWindows, parquet_file
@@ -155,7 +155,7 @@ class MergeFromSidecar(Operation):
                              "use fill_missing (keep main) or prefer_sidecar (take the sidecar's)")
         return ColumnPlan(tuple(append), tuple(replace), tuple(kept), tuple(protected))
 
-    def plan(self, current: pa.Schema, dataset, relpath: str, history: History) -> tuple[pa.Schema, Step]:
+    def plan(self, current: pa.Schema, dataset, relpath: str, history: History) -> tuple[pa.Schema, StepRecord]:
         """Output schema after this step from the sibling's footer, for dry runs (no data read)."""
         uri = self.source_prefix + relpath
         with storage.open_parquet(uri) as f:
@@ -180,7 +180,7 @@ class MergeFromSidecar(Operation):
                 raise
         except FileNotFoundError:
             if not self.required:
-                return TableStream(Step(Status.SKIPPED, input=ABSENT), schema)
+                return TableStream(StepRecord(Status.SKIPPED, input=ABSENT), schema)
             raise ShardError(f"sibling shard missing: {uri}; inspect the score sidecar (shard paths must match the "
                              "base), or set `required: false` to skip shards it does not cover") from None
         try:
@@ -231,11 +231,11 @@ class MergeFromSidecar(Operation):
                 found.columns.append(f"operations[{index}]: {line}")
         return found
 
-    def _record(self, status: Status, cols: ColumnPlan, identity: str | None = None) -> Step:
+    def _record(self, status: Status, cols: ColumnPlan, identity: str | None = None) -> StepRecord:
         lineage = (*(replaced(c) for c in cols.replace), *(appended(c) for c in cols.append))
         notes = {**legacy_lists(lineage, "appended", "replaced"),  # what its records have always carried
                  "kept_from_main": list(cols.kept_from_main), "protected": list(cols.protected)}
-        return Step(status, lineage, identity, notes)
+        return StepRecord(status, lineage, identity, notes)
 
 
 @contextmanager
@@ -251,10 +251,10 @@ def _readable(uri: str):
 
 
 class SiblingStream(StepStream):
-    def __init__(self, uri: str, file, reader: RowWindows, cols: ColumnPlan, alignment: Alignment, step: Step,
-                 schema: pa.Schema):
+    def __init__(self, uri: str, file, reader: RowWindows, cols: ColumnPlan, alignment: Alignment,
+                 record: StepRecord, schema: pa.Schema):
         self.uri, self.file, self.reader, self.cols, self.alignment = uri, file, reader, cols, alignment
-        self.step, self.schema = step, schema
+        self.record, self.schema = record, schema
 
     @property
     def failed(self) -> bool:

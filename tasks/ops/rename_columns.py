@@ -17,7 +17,7 @@ from pydantic import AfterValidator, ConfigDict, Field
 from tasks.errors import ShardError
 from tasks.models import ColumnName
 from tasks.ops.base import NO_INPUT, FieldProblem, Findings, Operation, OperationSpec, TableStream
-from tasks.ops.lineage import ColumnChange, History, Status, Step, absent, renamed
+from tasks.ops.lineage import ColumnChange, History, Status, StepRecord, absent, renamed
 from tasks.validation import Items, Says
 
 
@@ -132,7 +132,7 @@ class RenameColumns(Operation):
         names = self._new_names(schema.names, lineage)
         for i, name in enumerate(names):
             schema = schema.set(i, schema.field(i).with_name(name))
-        return TableStream(Step(Status.APPLIED, lineage, NO_INPUT), schema,
+        return TableStream(StepRecord(Status.APPLIED, lineage, NO_INPUT), schema,
                            lambda window, offset: window.rename_columns(names))
 
     def compare_values(self, shard, index: int, record) -> Findings:

@@ -17,7 +17,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.registry import known_implementations, registry
 
-from tasks import compat
+from tasks.storage import fsspec_internals
 from tasks.storage.backend import READ_INFO, Backend
 
 try:  # the marker class of filesystems layered over another one (caches); recent fsspec only
@@ -70,8 +70,8 @@ def normalize(uri: str, protocol: str) -> str:
     cls = filesystem_class(protocol)
     if is_wrapper(protocol, cls):
         raise ValueError(f"{protocol!r} wraps another filesystem or a single file; give the storage itself")
-    path = compat.url_path(cls, uri)
-    if "://" in path or compat.url_options(cls, uri):
+    path = fsspec_internals.url_path(cls, uri)
+    if "://" in path or fsspec_internals.url_options(cls, uri):
         # the URL itself carries the location (http) or the host (ftp, sftp, hdfs): keep it whole
         parsed = urlparse(uri)
         path = parsed.path.strip("/")

@@ -1,6 +1,6 @@
 """Test hooks for child `sidecar-ops` processes (on PYTHONPATH only in tests that ask for it).
 
-SIDECAR_OPS_TEST_BARRIER=DIR: every base read (merge.read_base in the chain, merge.open_shard in one task a
+SIDECAR_OPS_TEST_BARRIER=DIR: every base read (kernel.read_base in the chain, kernel.open_shard in one task a
 shard) first waits until SIDECAR_OPS_TEST_PARTIES processes have reached one (a file per process in DIR), so
 concurrent runs start their shard work together.
 
@@ -25,7 +25,7 @@ if os.environ.get("SIDECAR_OPS_TEST_BARRIER") or os.environ.get("SIDECAR_OPS_TES
     import threading
     import time
 
-    from tasks import merge
+    from tasks import kernel
 
     _lock = threading.Lock()
 
@@ -74,7 +74,7 @@ if os.environ.get("SIDECAR_OPS_TEST_BARRIER") or os.environ.get("SIDECAR_OPS_TES
         if os.environ.get("SIDECAR_OPS_TEST_HOLD_ARMED") and claim(relpath):
             wait_for(lambda: os.path.exists(os.path.join(os.environ["SIDECAR_OPS_TEST_HOLD"], "release")))
 
-    _real_read_base, _real_open_shard = merge.read_base, merge.open_shard
+    _real_read_base, _real_open_shard = kernel.read_base, kernel.open_shard
 
     def read_base(job, relpath):  # the task-per-operation chain's first step
         before_base_read(relpath)
@@ -84,7 +84,7 @@ if os.environ.get("SIDECAR_OPS_TEST_BARRIER") or os.environ.get("SIDECAR_OPS_TES
         before_base_read(relpath)
         return _real_open_shard(job, relpath, *args, **kwargs)
 
-    merge.read_base, merge.open_shard = read_base, open_shard
+    kernel.read_base, kernel.open_shard = read_base, open_shard
 
     def hold_in(phase: str, real):
         """`real`, the first call of which holds first, if the test asked to hold in `phase`."""

@@ -1,8 +1,8 @@
 """The verify check registry: every check the report can hold, in report order, with what it reads.
 
-A check is registered once (tasks/verify/checks.py) with its name, stage and the function that judges it; the
+A check is registered once (tasks/verification/checks.py) with its name, stage and the function that judges it; the
 driver creates the report entries from here, the renderer takes the unit it counts from here, and
-docs/verify-report.schema.json lists the names from here (tasks/verify/schema_doc.py).
+docs/verify-report.schema.json lists the names from here (tasks/verification/schema_doc.py).
 """
 from __future__ import annotations
 
@@ -47,10 +47,10 @@ class Check:
 @dataclass(frozen=True)
 class CheckDef:
     """A registered check. `run` by stage:
-      listing  run(ctx, check) fills the Check from the plan and footer facts (ctx: tasks.verify.driver.Context)
+      listing  run(ctx, check) fills the Check from the plan and footer facts (ctx: tasks.verification.driver.Context)
                per-operation checks: run(ctx, check, index)
-      footer   run(job, footers) -> problem lines for one shard (footers: tasks.verify.footers.Footers)
-      data     run(shard) -> problem lines for one sampled shard (shard: tasks.verify.values.ShardValues)
+      footer   run(job, footers) -> problem lines for one shard (footers: tasks.verification.footers.Footers)
+      data     run(shard) -> problem lines for one sampled shard (shard: tasks.verification.values.ShardValues)
     Per-operation checks have `{index}` in their name and appear once per operation that lists their `key` in
     Operation.verify_checks()."""
 

@@ -2,7 +2,7 @@
 the list of checks in docs/operating-guide.md (section 6, between the verify-checks markers).
 
 The rest of both documents is written by hand; `render` and `render_guide` rewrite the registry-owned parts.
-Regenerate both with `python -m tasks.verify.schema_doc` (tests/test_verify_registry.py fails when one is stale).
+Regenerate both with `python -m tasks.verification.schema_doc` (tests/test_verify_registry.py fails when one is stale).
 """
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import json
 import sys
 from pathlib import Path
 
-from tasks.verify import (
+from tasks.verification import (
     checks,  # noqa: F401  (registers the checks)
     registry,
 )
-from tasks.verify.registry import STAGES
+from tasks.verification.registry import STAGES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SCHEMA_PATH = DOCS / "verify-report.schema.json"

@@ -1,6 +1,6 @@
 """Footer facts of every present shard: both footers read once, the footer checks run on them, small facts kept.
 
-Also what verify knows of each operation's effect on a shard: its recorded `Step` (tasks/ops/lineage.py), read
+Also what verify knows of each operation's effect on a shard: its recorded `StepRecord` (tasks/ops/lineage.py), read
 from provenance; tasks.ops.lineage.replay turns those records into the expected layout and origins.
 """
 from __future__ import annotations
@@ -10,21 +10,21 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from tasks import storage
-from tasks.merge import Job, read_provenance
-from tasks.ops.lineage import Step
+from tasks.kernel import Job, read_provenance
+from tasks.ops.lineage import StepRecord
 from tasks.scorestats import StatSpec, footer_ranges
-from tasks.verify.compare import one_line
-from tasks.verify.registry import of_stage
+from tasks.verification.compare import one_line
+from tasks.verification.registry import of_stage
 
 
-def op_records(prov: dict | None, n_ops: int) -> tuple[Step, ...] | None:
+def op_records(prov: dict | None, n_ops: int) -> tuple[StepRecord, ...] | None:
     """Each operation's recorded step (records of earlier versions converted), or None when provenance does not
     hold one record per operation."""
     ops = (prov or {}).get("operations")
     if not isinstance(ops, list) or len(ops) != n_ops or not all(isinstance(r, dict) for r in ops):
         return None
     try:
-        return tuple(Step.from_dict(r) for r in ops)
+        return tuple(StepRecord.from_dict(r) for r in ops)
     except (ValueError, TypeError, AttributeError):
         return None  # lineage that does not parse: as good as none
 
@@ -39,7 +39,7 @@ class Footers:
     base: pa.Schema
     out: pa.Schema
     provenance: dict | None
-    records: tuple[Step, ...] | None
+    records: tuple[StepRecord, ...] | None
     inputs: dict | None = None  # identities of the shard's inputs as listed now (Plan.inputs)
 
 
@@ -49,7 +49,7 @@ class FooterFacts:
     base_rows: int | None
     out_rows: int | None
     problems: tuple[tuple[str, str], ...]          # (check name, detail)
-    records: tuple[Step, ...] | None
+    records: tuple[StepRecord, ...] | None
     ranges: dict = field(default_factory=dict)     # 'col.field' -> (min, max) | None, scope shards only
 
 

@@ -1,14 +1,14 @@
-"""The registered verify checks, in report order. Each names what it proves; tasks/verify/registry.py says how
+"""The registered verify checks, in report order. Each names what it proves; tasks/verification/registry.py says how
 the driver runs each stage. Operations add value checks through Operation.compare_values (key and merged columns)
 and per-operation checks through Operation.verify_checks."""
 from __future__ import annotations
 
 from tasks import storage
-from tasks.merge import shard_key
+from tasks.kernel import shard_key
 from tasks.ops.base import SIBLINGS
 from tasks.ops.lineage import Status, replay
 from tasks.plan import changed_inputs
-from tasks.verify.registry import register
+from tasks.verification.registry import register
 
 SHARD_SET, STRAYS, SIBLINGS_OF = "output shard set", "stray objects", "operations[{index}] siblings"
 ROWS, SCHEMA, PROVENANCE, INPUTS = "row counts", "schema", "provenance", "current inputs"

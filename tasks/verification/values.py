@@ -22,13 +22,13 @@ import pyarrow.parquet as pq
 
 from tasks import storage
 from tasks.errors import ShardError
-from tasks.merge import Job, input_reads
+from tasks.kernel import Job, input_reads
 from tasks.ops.base import Findings
-from tasks.ops.lineage import History, Layout, Status, Step, replay
+from tasks.ops.lineage import History, Layout, Status, StepRecord, replay
 from tasks.scorestats import ColumnPartial, StatSpec, column_partial
-from tasks.verify.checks import BASE
-from tasks.verify.compare import Tally, one_line
-from tasks.verify.registry import of_stage
+from tasks.verification.checks import BASE
+from tasks.verification.compare import Tally, one_line
+from tasks.verification.registry import of_stage
 from tasks.windows import PROBE_ROWS, RowWindows, parquet_file, window_rows
 
 DEEP_THREADS = 8
@@ -39,7 +39,7 @@ class ShardTask:
     relpath: str
     deep: bool
     stats: bool
-    records: tuple[Step, ...] | None
+    records: tuple[StepRecord, ...] | None
     ranges: dict
     listed: dict = field(default_factory=dict)  # uri -> identity from the plan's listings (storage.listed)
 
@@ -52,7 +52,7 @@ class ShardResult:
     stats: dict[str, ColumnPartial] = field(default_factory=dict)
 
 
-def derived_records(job: Job, base: pa.Schema, relpath: str) -> tuple[Step, ...]:
+def derived_records(job: Job, base: pa.Schema, relpath: str) -> tuple[StepRecord, ...]:
     """Without provenance: what each operation would have done, from the sources' footers (as the merge decides)."""
     history, current, ds = History(), base, job.pipeline.dataset
     for op in job.pipeline.operations:
@@ -61,9 +61,9 @@ def derived_records(job: Job, base: pa.Schema, relpath: str) -> tuple[Step, ...]
         except FileNotFoundError:
             source = op.input(ds)
             optional = source is not None and not source.required
-            step = Step(Status.SKIPPED if optional else Status.FAILED, detail="sibling shard missing")
+            step = StepRecord(Status.SKIPPED if optional else Status.FAILED, detail="sibling shard missing")
         except Exception as exc:
-            step = Step(Status.FAILED, detail=one_line(exc))
+            step = StepRecord(Status.FAILED, detail=one_line(exc))
         history = history.then(op, step)
     return history.records
 
@@ -128,7 +128,7 @@ class ShardValues:
     relpath: str
     out: pa.Table
     base: pa.Table
-    records: tuple[Step, ...]
+    records: tuple[StepRecord, ...]
     offset: int = 0
     streams: Streams | None = None
 
@@ -186,7 +186,7 @@ def data_lines(shard: ShardValues) -> dict[str, str]:
     return {name: "; ".join(lines) for name, lines in found.items() if lines}
 
 
-def deep_failures(job: Job, relpath: str, out: pa.Table, records: tuple[Step, ...] | None) -> dict[str, str]:
+def deep_failures(job: Job, relpath: str, out: pa.Table, records: tuple[StepRecord, ...] | None) -> dict[str, str]:
     """The data checks of a shard whose output is at hand whole (one window)."""
     with ExitStack() as stack:
         try:

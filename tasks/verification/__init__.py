@@ -10,7 +10,7 @@ Score statistics cover the sampled shards, or every output shard with `all_shard
   footers.py   footer facts of every shard; values.py  data checks of one shard (check_shard)
   compare.py   value-for-value comparison;    driver.py  verify() itself
 """
-from tasks.verify.checks import (
+from tasks.verification.checks import (
                                  BASE,
                                  INPUTS,
                                  KEYS,
@@ -22,10 +22,10 @@ from tasks.verify.checks import (
                                  STRAYS,
                                  siblings_check,
 )
-from tasks.verify.compare import compare
-from tasks.verify.driver import Report, choose_sample, verify
-from tasks.verify.registry import REGISTRY, Check, Failure
-from tasks.verify.values import Runner, ShardResult, ShardTask, check_locally, check_shard
+from tasks.verification.compare import compare
+from tasks.verification.driver import Report, choose_sample, verify
+from tasks.verification.registry import REGISTRY, Check, Failure
+from tasks.verification.values import Runner, ShardResult, ShardTask, check_locally, check_shard
 
 __all__ = ["BASE", "INPUTS", "KEYS", "MERGED", "PROVENANCE", "REGISTRY", "ROWS", "SCHEMA", "SHARD_SET", "STRAYS",
            "Check", "Failure", "Report", "Runner", "ShardResult", "ShardTask", "check_locally", "check_shard",

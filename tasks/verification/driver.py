@@ -2,7 +2,7 @@
 
 The driver holds listings, small per-shard facts and statistics partials; a shard check holds a window of rows
 of each file it reads, never a table.
-Which checks exist, in which order, comes from the registry (tasks/verify/registry.py, checks.py).
+Which checks exist, in which order, comes from the registry (tasks/verification/registry.py, checks.py).
 """
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from tasks.errors import ConfigError
-from tasks.merge import Job
+from tasks.kernel import Job
 from tasks.plan import FOOTER_THREADS, Plan, make_plan
 from tasks.progress import Progress
 from tasks.scorestats import ColumnPartial, merge_ranges, stat_specs
-from tasks.verify.checks import ROWS
-from tasks.verify.footers import FooterFacts, read_footers
-from tasks.verify.registry import Check, report_order
-from tasks.verify.values import Runner, ShardResult, ShardTask, check_locally
+from tasks.verification.checks import ROWS
+from tasks.verification.footers import FooterFacts, read_footers
+from tasks.verification.registry import Check, report_order
+from tasks.verification.values import Runner, ShardResult, ShardTask, check_locally
 from tasks.windows import use_returning_memory_pool
 
 

@@ -1,8 +1,8 @@
 """The per-shard merge kernel: pure pyarrow, no Prefect, no Ray.
 
-A shard goes read_base -> apply_step(0) -> apply_step(1) ... -> write_output, which ends with the post-write
-check (verify_output) of what it stored: the task per operation, a `ShardState` (the table, the base's keys as
-read, provenance records) handed from step to step. A shard in one call (merge_shard, the fused task) streams
+A shard goes read_base -> apply_operation(0) -> apply_operation(1) ... -> write_output, which ends with the post-write
+check (check_written) of what it stored: the task per operation, a `ShardState` (the table, the base's keys as
+read, provenance entries) handed from step to step. A shard in one call (merge_shard, the fused task) streams
 instead: open_shard checks and records every step from footers, stream_output takes a window of rows (as many
 as the job's window budget holds, tasks/windows.py) at a time through every step into the output's writer, then
 runs the same check.
@@ -98,16 +98,16 @@ class Job:
 class ShardState:
     table: pa.Table
     row_group_size: int | None
-    records: list[dict] = field(default_factory=list)  # each step's provenance record (tasks.ops.provenance_record)
+    provenance_ops: list[dict] = field(default_factory=list)  # each step's provenance entry (provenance_record)
     base_input: str = ""  # identity of the base shard as read (storage.file_identity)
     base_keys: pa.ChunkedArray | None = None  # the base's key column as read: what the written keys must equal
 
     def inputs(self) -> dict:
         """What this shard was made from: the base's identity and each operation's sibling's (or 'absent')."""
-        return shard_inputs(self.base_input, [r.get("input") for r in self.records])
+        return shard_inputs(self.base_input, [r.get("input") for r in self.provenance_ops])
 
     def key_batches(self) -> list[pa.Array] | None:
-        """The base's keys as read, in batches: what verify_output compares the written keys with."""
+        """The base's keys as read, in batches: what check_written compares the written keys with."""
         return self.base_keys.chunks if self.base_keys is not None else None
 
 
@@ -201,21 +201,21 @@ def row_group_rows(pf: pq.ParquetFile) -> int:
     return max((pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)), default=0)
 
 
-def apply_step(job: Job, relpath: str, index: int, state: ShardState) -> ShardState:
+def apply_operation(job: Job, relpath: str, index: int, state: ShardState) -> ShardState:
     ops = job.pipeline.operations
-    op, history = ops[index], History.of(ops[:index], state.records)
+    op, history = ops[index], History.of(ops[:index], state.provenance_ops)
     try:
-        table, step = op.apply(state.table, job.pipeline.dataset, relpath, history)
+        table, record = op.apply(state.table, job.pipeline.dataset, relpath, history)
     except Exception as exc:
         raise _fail(relpath, f"operations[{index}] ({op.describe()})", exc) from exc
-    record = provenance_record(op, step)
-    return ShardState(table, state.row_group_size, [*state.records, record], state.base_input, state.base_keys)
+    provenance_ops = [*state.provenance_ops, provenance_record(op, record)]
+    return ShardState(table, state.row_group_size, provenance_ops, state.base_input, state.base_keys)
 
 
-def provenance(job: Job, relpath: str, records: list[dict], inputs: dict, rows: int) -> dict:
+def provenance(job: Job, relpath: str, provenance_ops: list[dict], inputs: dict, rows: int) -> dict:
     ds = job.pipeline.dataset
     return {"fingerprint": job.fingerprint, "dataset": ds.name, "main_prefix": ds.main_prefix,
-            "source_inference": ds.source_inference, "operations": records,
+            "source_inference": ds.source_inference, "operations": provenance_ops,
             "inputs": inputs, "input_key": shard_key(job.fingerprint, relpath, inputs),
             "rows": rows, "merge_semantics": MERGE_SEMANTICS_VERSION, "run_id": job.run_id,
             "run_started": job.started, **({"overwrite_id": job.overwrite_id} if job.overwrite else {}),
@@ -235,19 +235,19 @@ def check_extensions(job: Job, schema: pa.Schema, allow_missing: bool = False) -
 
 
 def write_output(job: Job, relpath: str, state: ShardState) -> ShardStats:
-    """Write the shard atomically, then check what was stored (verify_output): from the payload itself where
+    """Write the shard atomically, then check what was stored (check_written): from the payload itself where
     the backend proved the object holds exactly it (S3's checksums), else by reading the object back."""
     stats, written = store_output(job, relpath, state)
-    return verify_output(job, relpath, stats, written.payload, state.key_batches())
+    return check_written(job, relpath, stats, written.payload, state.key_batches())
 
 
 def store_output(job: Job, relpath: str, state: ShardState) -> tuple[ShardStats, storage.Written]:
     """Write the shard atomically, with its provenance; no check (write_output checks)."""
-    skipped = skipped_steps(state.records)
+    skipped = skipped_steps(state.provenance_ops)
     table = state.table
     try:
         check_extensions(job, table.schema, allow_missing=skipped > 0)
-        meta = output_metadata(table.schema, provenance(job, relpath, state.records, state.inputs(), table.num_rows))
+        meta = output_metadata(table.schema, provenance(job, relpath, state.provenance_ops, state.inputs(), table.num_rows))
         written = storage.write_atomic(table.replace_schema_metadata(meta), job.output_uri(relpath),
                                        row_group_size=state.row_group_size, plain=job.key_columns)
     except Exception as exc:
@@ -255,8 +255,8 @@ def store_output(job: Job, relpath: str, state: ShardState) -> tuple[ShardStats,
     return ShardStats(relpath, table.num_rows, written.size, skipped), written
 
 
-def skipped_steps(records: list[dict]) -> int:
-    return sum(r.get("status") == Status.SKIPPED.value for r in records)
+def skipped_steps(provenance_ops: list[dict]) -> int:
+    return sum(r.get("status") == Status.SKIPPED.value for r in provenance_ops)
 
 
 def output_metadata(schema: pa.Schema, prov: dict) -> dict:
@@ -284,15 +284,15 @@ class OpenShard:
     base: RowWindows
     base_input: str
     natural_rows: int  # the base's largest row group (0 when empty): windows follow it when it fits the budget
-    steps: list[StepStream]
-    records: list[dict]
+    streams: list[StepStream]  # each operation's step over the shard, opened
+    provenance_ops: list[dict]  # each step's provenance entry (tasks.ops.provenance_record), in order
 
     @property
     def rows(self) -> int:
         return self.base.rows
 
     def inputs(self) -> dict:
-        return shard_inputs(self.base_input, [r.get("input") for r in self.records])
+        return shard_inputs(self.base_input, [r.get("input") for r in self.provenance_ops])
 
 
 @contextmanager
@@ -323,30 +323,31 @@ def open_shard(job: Job, relpath: str, stack: ExitStack) -> OpenShard:
     except Exception as exc:  # corrupt, vanished or unreadable: say which shard
         raise _fail(relpath, f"reading base shard {uri}", exc) from exc
     ops, schema = job.pipeline.operations, base.schema
-    steps: list[StepStream] = []
-    records: list[dict] = []
+    streams: list[StepStream] = []
+    provenance_ops: list[dict] = []
     for index, op in enumerate(ops):
         try:
-            step = op.stream(schema, job.pipeline.dataset, relpath, History.of(ops[:index], records), base.rows,
+            stream = op.stream(schema, job.pipeline.dataset, relpath, History.of(ops[:index], provenance_ops),
+                               base.rows,
                              window)
         except Exception as exc:
             raise _fail(relpath, f"operations[{index}] ({op.describe()})", exc) from exc
-        stack.callback(step.close)
-        steps.append(step)
-        records.append(provenance_record(op, step.step))
-        schema = step.schema
-    return OpenShard(base, identity, natural, steps, records)
+        stack.callback(stream.close)
+        streams.append(stream)
+        provenance_ops.append(provenance_record(op, stream.record))
+        schema = stream.schema
+    return OpenShard(base, identity, natural, streams, provenance_ops)
 
 
 def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
     """Read, merge and write the shard a window at a time, each window one row group of the output, then check
-    what was stored (verify_output) against the base's keys, read again from the same open base file (the same
+    what was stored (check_written) against the base's keys, read again from the same open base file (the same
     bytes, a batch at a time: nothing held for the whole shard). The first PROBE_ROWS rows are merged first
     and measured: the window holds the base's row group if that fits in job.window_bytes, else as many rows as
     fit. The output is published only once every window has passed every step; after a failed window the rest
     are still read, so the error counts every bad row."""
     uri, key = job.output_uri(relpath), job.pipeline.dataset.key_column
-    skipped = skipped_steps(shard.records)
+    skipped = skipped_steps(shard.provenance_ops)
 
     def merged(rows: int, offset: int) -> pa.Table:
         """The base's next `rows` rows (from row `offset`) through every step."""
@@ -355,8 +356,8 @@ def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
         except Exception as exc:
             raise _fail(relpath, f"reading base shard {job.base_uri(relpath)}", exc) from exc
         window = read
-        for index, step in enumerate(shard.steps):
-            window = _step(job, relpath, index, lambda: step.apply(window, offset))
+        for index, stream in enumerate(shard.streams):
+            window = _step(job, relpath, index, lambda: stream.apply(window, offset))
         return window
 
     def windows() -> Iterator[pa.Table]:
@@ -368,17 +369,17 @@ def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
         starts = iter(range(end, shard.rows, size))
         meta = None
         while window is not None:
-            if not any(step.failed for step in shard.steps):
+            if not any(stream.failed for stream in shard.streams):
                 if meta is None:
                     check_extensions(job, window.schema, allow_missing=skipped > 0)
-                    meta = output_metadata(window.schema, provenance(job, relpath, shard.records, shard.inputs(),
+                    meta = output_metadata(window.schema, provenance(job, relpath, shard.provenance_ops, shard.inputs(),
                                                                      shard.rows))
                 yield window.replace_schema_metadata(meta)
             start, window = next(starts, None), None  # one window held at a time: this one goes first
             if start is not None:
                 window = merged(min(size, shard.rows - start), start)
-        for index, step in enumerate(shard.steps):
-            _step(job, relpath, index, step.finish)
+        for index, stream in enumerate(shard.streams):
+            _step(job, relpath, index, stream.finish)
 
     try:
         written = storage.write_windows(windows(), uri, None, job.key_columns)
@@ -386,7 +387,7 @@ def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
         raise _fail(relpath, f"writing {uri}", exc) from exc
     stats = ShardStats(relpath, shard.rows, written.size, skipped)
     keys = shard.base.reread(key) if key in shard.base.schema.names else None
-    return verify_output(job, relpath, stats, written.payload, keys)
+    return check_written(job, relpath, stats, written.payload, keys)
 
 
 def _step(job: Job, relpath: str, index: int, call):
@@ -484,7 +485,7 @@ def same_values(a, b) -> bool:
     return pc.all(pc.or_(equal, pc.and_(pc.is_null(a), pc.is_null(b))), min_count=0).as_py()
 
 
-def verify_output(job: Job, relpath: str, stats: ShardStats, payload: pa.Buffer | None = None,
+def check_written(job: Job, relpath: str, stats: ShardStats, payload: pa.Buffer | None = None,
                   base_keys: Iterable[pa.Array] | None = None) -> ShardStats:
     """The post-write check: the output's footer (provenance, row count, declared types) and its key column
     as written, equal to the base's. Read from `payload` (the bytes the store proved it holds) when given,
