@@ -304,3 +304,35 @@ def test_existing_outputs_are_judged_complete_broken_or_replaced_with_why(tmp_pa
                                                (foreign, "not written by overwrite run-z")]
     new = make_plan(Job(pipeline, setup.output, run_id="run-d", **overwrite_fields(True, "run-d")), True)
     assert new.todo == [intact, short, garbage, foreign] and new.complete == []  # a new overwrite redoes all
+
+
+def test_the_predicted_schema_names_the_types_parquet_will_store(tmp_path):
+    """An operation that makes a type Parquet stores as another (timestamp[s] is read back as timestamp[ms]):
+    the dry run's prediction is the written file's schema, not the operation's Arrow type."""
+    import dataclasses
+
+    from tasks.demo import relpaths
+    from tasks.ops.base import NO_INPUT, Operation, TableStream
+    from tasks.ops.lineage import Status, StepRecord, appended
+
+    @dataclasses.dataclass(frozen=True)
+    class Stamp(Operation):
+        type = "stamp"
+
+        def to_dict(self) -> dict:
+            return {"type": self.type}
+
+        def stream(self, schema, dataset, relpath, history, rows, window_rows):
+            field = pa.field("seen_at", pa.timestamp("s"))
+            return TableStream(StepRecord(Status.APPLIED, (appended("seen_at"),), NO_INPUT), schema.append(field),
+                               lambda window, offset: window.append_column(field, pa.nulls(window.num_rows,
+                                                                                           field.type)))
+
+    setup = build(tmp_path, str(tmp_path / "data"), shards=2)  # the three score merges
+    pipe = load_pipeline(setup.pipeline)
+    job = Job(dataclasses.replace(pipe, operations=(*pipe.operations, Stamp())), setup.output)
+    predicted, problems = inspect_schemas(make_plan(job), 2)
+    assert problems == [] and predicted.field("seen_at").type == pa.timestamp("ms")
+    merge_shard(job, sorted(relpaths(2))[0])
+    written = storage.read_footer(setup.output + sorted(relpaths(2))[0]).schema.to_arrow_schema()
+    assert predicted.remove_metadata().equals(written.remove_metadata())
