@@ -1,5 +1,5 @@
-"""The one door to the internals of Prefect, prefect-ray, Ray and uvicorn (tasks/storage/fsspec_internals.py is the tasks layer's,
-for s3fs and fsspec: nothing under tasks/ imports flows/).
+"""The one door to the internals of Prefect, prefect-ray, Ray and uvicorn (tasks/fsspec_internals.py is the tasks
+layer's, for s3fs and fsspec: nothing under tasks/ imports flows/).
 
 Every use of a non-public attribute, module, signature or schema of those libraries is an entry here: a small
 function or constant, with what it does and why the public API does not suffice. tests/test_compat.py checks
@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tasks.storage.fsspec_internals import CompatError, installed  # noqa: F401  (CompatError: for callers and tests)
-from tasks.storage.fsspec_internals import broken as _broken
+from tasks.fsspec_internals import CompatError, installed  # noqa: F401  (CompatError: for callers and tests)
+from tasks.fsspec_internals import broken as _broken
 
 HERE = "flows/compat.py"
 

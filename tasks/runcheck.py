@@ -6,6 +6,11 @@ It reads no footer: every output was checked once in this run already, a merged 
 input identities). What is left to prove is that the output prefix holds exactly those outputs, as they were
 checked. One fresh listing of the output prefix is compared with the base's listing, the size each shard task
 wrote, the identity of each output the plan kept, and the input key each output recorded.
+
+Another run may write the same prefix at the same time (a supported case: writes are atomic, the last one
+stays). Its temp files are counted, not failed (the next run's sweep takes a killed writer's), and an output it
+replaced after this run checked it is judged from its footer, as a resumed run would judge it: current (this
+pipeline, made from the inputs listed) passes, anything else fails.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from dataclasses import dataclass, field
 
 from tasks import storage
 from tasks.kernel import ShardStats, shard_key
-from tasks.plan import Plan
+from tasks.plan import Plan, output_status
 
 EXAMPLES = 3  # relpaths named in a problem's line
 
@@ -61,9 +66,12 @@ def check_run(plan: Plan, merged: dict[str, ShardStats], fresh: storage.Listing)
     missing = [rel for rel in base if rel not in fresh.shards]
     check.add("one output per base shard", len(base), len(base) - len(missing),
               _problem(missing, "base shard(s) have no output"))
-    extra = sorted([rel for rel in fresh.shards if rel not in base] + list(fresh.others))
+    others = [obj for obj in fresh.others if storage.TEMP_MARK not in obj]
+    extra = sorted([rel for rel in fresh.shards if rel not in base] + others)
     check.add(f"nothing else under {plan.job.output_prefix}", 0, len(extra),
               _problem(extra, "object(s) under the output prefix are not outputs of base shards"))
+    check.add("temp files of writes in flight in another run (or killed: the next run's sweep takes them)", 0,
+              len(fresh.others) - len(others), info=True)
     changed, unknown = [], []
     for rel in base:
         if rel not in fresh.shards:
@@ -76,11 +84,14 @@ def check_run(plan: Plan, merged: dict[str, ShardStats], fresh: storage.Listing)
                 changed.append(rel)
         else:
             unknown.append(rel)
+    rewritten = [rel for rel in changed if current(plan, rel, fresh)]
+    changed = [rel for rel in changed if rel not in rewritten]
     present = len(base) - len(missing)
     check.add("outputs as checked (merged: size written; kept: identity listed)", present,
-              present - len(changed) - len(unknown),
-              _problem(changed, "output(s) changed after this run checked them (another writer?)")
+              present - len(changed) - len(unknown) - len(rewritten),
+              _problem(changed, "output(s) changed after this run checked them and not current (another writer?)")
               or _problem(unknown, "output(s) neither written nor kept by this run"))
+    check.add("outputs another run rewrote since, current (judged from their footers)", 0, len(rewritten), info=True)
     check.rows = sum(stats.rows for stats in merged.values()) + sum(plan.rows.values())
     check.add("rows in the outputs (each counted by its check)", "", check.rows, info=True)
     replaced = [rel for rel, stats in merged.items()
@@ -93,6 +104,12 @@ def check_run(plan: Plan, merged: dict[str, ShardStats], fresh: storage.Listing)
             check.add(f"operations[{index}] sibling shards for the base's", len(base),
                       len(base) - len(plan.missing_siblings(index)), info=True)
     return check
+
+
+def current(plan: Plan, rel: str, fresh: storage.Listing) -> bool:
+    """Whether the output another writer put in place of the one this run checked is current: this pipeline's,
+    made from the inputs listed (the footer read once, as a resumed run's plan reads it)."""
+    return output_status(plan.job, rel, plan.inputs(rel), fresh.shards[rel])[0] == "complete"
 
 
 def _problem(relpaths: list[str], what: str) -> str:

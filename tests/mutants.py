@@ -330,7 +330,7 @@ MUTANTS = [
            ("tests/test_layers.py::test_the_module_map_names_every_module",)),
     # ------------------------------------------------------------ the run's check (issue 28)
     Mutant("E1", "A merge run ends checked", "objects under the output prefix that are not shards go unnoticed",
-           "tasks/runcheck.py", "    extra = sorted([rel for rel in fresh.shards if rel not in base] + list(fresh.others))",
+           "tasks/runcheck.py", "    extra = sorted([rel for rel in fresh.shards if rel not in base] + others)",
            "    extra = sorted([rel for rel in fresh.shards if rel not in base])",
            (RC + "test_anything_else_under_the_output_prefix_fails_the_check[local-notes.txt]",)),
     Mutant("E2", "A merge run ends checked", "a failed run check does not fail the run", "tasks/prefect_tasks.py",

@@ -1,4 +1,4 @@
-"""Every entry of the compat modules (flows/compat.py: Prefect, prefect-ray, Ray, uvicorn; tasks/storage/fsspec_internals.py:
+"""Every entry of the compat modules (flows/compat.py: Prefect, prefect-ray, Ray, uvicorn; tasks/fsspec_internals.py:
 s3fs, fsspec) against the installed versions: each test fails naming them when the internal it checks is gone or
 has changed, and an entry whose internal is missing raises CompatError naming them instead of falling back.
 
@@ -19,8 +19,8 @@ from importlib.metadata import version
 import pytest
 
 from flows import compat, rundb
-from tasks.storage import fsspec_internals as tasks_compat
-from tasks.storage.fsspec_internals import CompatError
+from tasks import fsspec_internals as tasks_compat
+from tasks.fsspec_internals import CompatError
 
 
 def versions(*dists: str) -> str:

@@ -34,9 +34,13 @@ def assert_output_equals_inputs(setup) -> None:
 
 
 @pytest.fixture
-def signal_at(monkeypatch):
+def signal_at(monkeypatch, request):
     """`signal_at(SIG)`: the STOP_AT-th shard opened by the next run (the default layout: one task a shard)
-    sends SIG to this process, then carries on."""
+    sends SIG to this process, then carries on. SIGINT starts at Python's default, as in a terminal: a test run
+    in the background (`cmd &` in a script) inherits it ignored, and an ignored signal stays ignored (by design)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
+
     def arm(sig: int) -> None:
         real, reads = kernel.open_shard, []
 

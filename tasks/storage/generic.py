@@ -17,7 +17,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.registry import known_implementations, registry
 
-from tasks.storage import fsspec_internals
+from tasks import fsspec_internals
 from tasks.storage.backend import READ_INFO, Backend
 
 try:  # the marker class of filesystems layered over another one (caches); recent fsspec only

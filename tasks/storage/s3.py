@@ -22,7 +22,7 @@ from functools import cache
 
 import pyarrow as pa
 
-from tasks.storage import fsspec_internals
+from tasks import fsspec_internals
 from tasks.storage import ahead
 from tasks.storage.backend import Backend, Written
 from tasks.storage.inflight import WriteAbandoned, tracked
@@ -370,7 +370,7 @@ def aborts_uploads_under(rule: dict, key_prefix: str) -> bool:
 
 def pin(opened, details: dict) -> None:
     """Make an open s3fs file read only the version `details` (a HEAD reply) describes (s3fs internals:
-    tasks/storage/fsspec_internals.py)."""
+    tasks/fsspec_internals.py)."""
     fsspec_internals.pin_s3_file(opened, details)
 
 

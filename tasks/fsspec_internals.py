@@ -29,7 +29,7 @@ def installed(*dists: str) -> str:
     return ", ".join(found)
 
 
-def broken(what: str, *dists: str, where: str = "tasks/storage/fsspec_internals.py") -> CompatError:
+def broken(what: str, *dists: str, where: str = "tasks/fsspec_internals.py") -> CompatError:
     """The error for an internal `what` of `dists` that is gone or changed."""
     return CompatError(f"{what} is gone or has changed in the installed {installed(*dists)}; sidecar-ops relies "
                        f"on it ({where}): install the versions of {CONSTRAINTS} (`pip install -c {CONSTRAINTS} "
