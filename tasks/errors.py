@@ -5,12 +5,19 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def one_line(exc: BaseException | None) -> str:
-    """The first line of an error; for a Ray task error, of its cause (Ray's own header says little)."""
+    """The first line of an error; for a Ray task error, of its cause (Ray's own header says little). A header
+    ending in a colon over a remote traceback (Ray Client's "Initialization failure from server:") gets the
+    traceback's last line, which says what failed."""
     cause = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError wraps the task's exception
     if isinstance(cause, BaseException):
         exc = cause
     text = ANSI.sub("", str(exc) if exc is not None else "unknown failure").strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    if not text:
+        return type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines[0].endswith(":") and len(lines) > 1:  # a header over a remote traceback: its last line says what
+        return f"{lines[0]} {lines[-1]}"
+    return lines[0]
 
 
 class ConfigError(ValueError):

@@ -157,6 +157,9 @@ class RayCluster:
                 "LANG": "C.UTF-8", TAG: self.tag, "RAY_AUTH_MODE": "token",
                 "RAY_AUTH_TOKEN_PATH": str(self.token_path), "RAY_USAGE_STATS_ENABLED": "0",
                 "RAY_raylet_start_wait_time_s": "60",
+                # the head's Ray Client proxy waits this long for the server it starts per client (a fresh Python
+                # importing Ray); its 30 s default ran out once on a loaded CI machine
+                "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S": "180",
                 "AWS_ACCESS_KEY_ID": f"node-{host.ip}-key-id", "AWS_SECRET_ACCESS_KEY": f"node-{host.ip}-secret",
                 "AWS_DEFAULT_REGION": "us-east-1",
                 # the code this test imports (a checkout on PYTHONPATH wins over the venv's editable install)
