@@ -1,6 +1,7 @@
 """Shared fixtures: moto S3 in server mode on loopback, one real Prefect API, storage roots, CLI runner."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -75,8 +76,27 @@ def prefect_api():
     # No flow run heartbeats, as on a run-scoped server (flows/server.py): they serve crash detection on a
     # long-lived server, and their thread makes the end of every in-process run wait up to a second.
     with prefect_test_harness(server_startup_timeout=120), \
-            temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}), quick_retries_of_a_busy_database():
         yield PREFECT_API_URL.value()
+
+
+BUSY_RETRY_SCALE = 1 / 20
+
+
+@contextlib.contextmanager
+def quick_retries_of_a_busy_database():
+    """Prefect's client retries a 503 after 2, 4, 8... s. The session's server answers 503 to nearly every flow
+    run created right after another run's tasks ended: its task-run recorder is still writing their states, and
+    SQLite refuses the creating transaction (SQLITE_BUSY_SNAPSHOT, which no busy timeout waits out). Every other
+    flow test waited 2 s for that, over a minute of the fast tier. Here the client waits a twentieth (0.1, 0.2,
+    0.4... s: still 3 s in all before it gives up); what it sends, and how often, stays Prefect's own."""
+    from prefect.client import base
+
+    backoff = base.clamped_poisson_interval
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(base, "clamped_poisson_interval",
+                      lambda average, *args, **kwargs: backoff(average, *args, **kwargs) * BUSY_RETRY_SCALE)
+        yield
 
 
 def snapshot(prefix: str) -> dict[str, str]:
