@@ -130,10 +130,20 @@ def cli(request, capsys, monkeypatch):
     return run
 
 
+QUICK_RETRY_DELAY = 0.05  # seconds between a task's attempts in the fast tier's runs (the shipped: 2, 10, 30)
+
+
 @pytest.fixture
-def run(cli, prefect_api):
-    """`sidecar-ops run ARGS...` in-process on the session's Prefect API; returns (exit code, stdout, stderr)."""
+def run(cli, prefect_api, monkeypatch):
+    """`sidecar-ops run ARGS...` in-process on the session's Prefect API; returns (exit code, stdout, stderr).
+    A failed shard or listing task is retried after QUICK_RETRY_DELAY, not the shipped delays: the retry is
+    Prefect's own (AwaitingRetry, scheduled, run again), only the wait is shorter."""
+    import flows.merge
     from core_fixtures import release_console_handlers
+
+    for name in ("shard_task", "operation_task", "list_shards"):
+        task = getattr(flows.merge, name)
+        monkeypatch.setattr(flows.merge, name, task.with_options(retry_delay_seconds=QUICK_RETRY_DELAY))
 
     def go(*argv):
         try:

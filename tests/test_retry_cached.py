@@ -14,10 +14,7 @@ from collections import Counter
 
 import pytest
 
-from core_fixtures import build, identities, read_meta
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId, FlowRunFilterName, TaskRunFilter,
-                                            TaskRunFilterName)
+from core_fixtures import build, flow_run_named, identities, read_meta, task_runs
 
 from tasks import kernel, storage
 from tasks.demo import relpaths
@@ -52,13 +49,10 @@ def inject(monkeypatch, layout: str, relpath: str, attempt: int, after_write: bo
 
 
 def task_states(pipeline, name: str) -> list[str]:
-    """States of the task runs called `name` in this test's (one) flow run of `pipeline`."""
-    with get_client(sync_client=True) as client:
-        (flow_run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(
-            any_=[f"merge {pipeline}"])))
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
-                                     task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[name])))
-    return [run.state.name for run in runs]
+    """States of the task runs called `name` in this test's (one) flow run of `pipeline`, once each is final
+    (task runs reach the API through events, after the run returned)."""
+    runs = task_runs(flow_run_named(f"merge {pipeline}").id, {name})
+    return [run.state.name for run in runs if run.name == name]
 
 
 def summary_numbers(out: str) -> dict[str, int]:
