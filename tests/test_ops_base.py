@@ -38,6 +38,7 @@ def test_a_spec_schema_passes_pydantics_arguments_and_needs_no_docstring():
     ({"enum": ["x", "y"]}, {"anyOf": [{"type": "string"}]}, {"anyOf": [{"type": "string"}], "enum": ["x", "y"]}),
 ])
 def test_schema_extra_edits_a_fields_schema_as_asked(options, schema, edited):
+    schema = dict(schema)  # a copy: edited in place, the parameter would be the edited one in a later run
     schema_extra(**options)(schema)
     assert schema == edited
 
@@ -114,3 +115,35 @@ def test_the_default_plan_refuses_an_operation_that_reads_a_sibling_of_this_data
 def test_an_operation_contributes_the_siblings_check_exactly_when_it_reads_a_sibling():
     assert Stamp().verify_checks(SimpleNamespace(sibling="s3://bucket/scores/")) == (SIBLINGS,)
     assert Stamp().verify_checks(SimpleNamespace(sibling=None)) == ()
+
+
+@dataclass(frozen=True)
+class Echo(Operation):
+    """Records in its StepRecord's notes what `stream` was given; skipped when the dataset says so."""
+
+    type: ClassVar[str] = "echo"
+
+    def to_dict(self) -> dict:
+        return {"type": self.type}
+
+    def stream(self, schema, dataset, relpath, history, rows, window_rows):
+        status = Status.SKIPPED if dataset.skip else Status.APPLIED
+        return TableStream(StepRecord(status, notes={"history": history, "rows": rows, "window_rows": window_rows}),
+                           schema)
+
+
+def test_apply_streams_the_table_as_one_window_and_plan_streams_no_rows_both_with_the_history():
+    history, table = History(), pa.table({"id": [7, 8, 9]}, schema=SCHEMA)
+    out, record = Echo().apply(table, SimpleNamespace(skip=False), "a/b.parquet", history)
+    assert out == table and record == StepRecord(Status.APPLIED, notes={"history": history, "rows": 3, "window_rows": 3})
+    assert record.notes["history"] is history
+    schema, record = Echo().plan(SCHEMA, SimpleNamespace(skip=False), "a/b.parquet", history)
+    assert schema == SCHEMA
+    assert record == StepRecord(Status.PLANNED, notes={"history": history, "rows": 0, "window_rows": 0})
+    assert record.notes["history"] is history
+
+
+def test_plan_keeps_a_skipped_step_skipped():
+    history = History()
+    _, record = Echo().plan(SCHEMA, SimpleNamespace(skip=True), "a/b.parquet", history)
+    assert record == StepRecord(Status.SKIPPED, notes={"history": history, "rows": 0, "window_rows": 0})
