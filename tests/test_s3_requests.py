@@ -16,6 +16,7 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
+import test_streaming
 from core_fixtures import build, objects, read_table
 from faultproxy import CORRUPT, FaultProxy, proxied  # noqa: F401 (a fixture)
 from reliability_fixtures import allow_small_parts, pending_uploads
@@ -208,3 +209,17 @@ def test_the_check_compares_with_the_base_keys_as_read_not_the_tables(tmp_path, 
                 state = apply_operation(job, REL[0], index, state)
             write_output(job, REL[0], state)
     assert objects(setup.output) != []  # written, then failed by its check: the run names the shard failed
+
+
+def test_write_output_checks_the_bytes_s3_confirmed_not_the_stored_object(s3_root, monkeypatch):
+    """write_output (the task per operation's last step) on S3 opens nothing: the check reads the payload S3's
+    checksums proved stored, not the object, and compares with the base's keys as read, not the base."""
+    rel = test_streaming.REL
+    job = test_streaming.job_for(s3_root, "out")
+    table = pa.table({"key": ["a", "b", "c"], "path": ["p", "q", "r"]})
+    opened = []
+    real_open = storage.open_parquet
+    monkeypatch.setattr(storage, "open_parquet", lambda uri, *a, **kw: opened.append(uri) or real_open(uri, *a, **kw))
+    stats = write_output(job, rel, kernel.ShardState(table, 3, base_keys=table["key"]))
+    assert opened == [] and stats.rows == 3
+    assert read_table(job.output_uri(rel)).equals(table)

@@ -1,0 +1,112 @@
+"""The task per operation's steps (tasks/kernel.py: read_base, apply_operation, write_output) driven one by one on
+local disk: what each hands the next (the base's identity and keys as read, the history of the steps before) and
+what write_output reports and stores."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_streaming import REL, job_for, write
+
+from tasks import storage
+from tasks.coltypes import ColumnType
+from tasks.config import Extension
+from tasks.errors import ShardError
+from tasks.kernel import ShardStats, apply_operation, read_base, read_provenance, write_output
+from tasks.ops.merge_from_sidecar import MergeFromSidecar
+from tasks.ops.rename_columns import RenameColumns
+
+KEYS = [f"k{i:02d}" for i in range(12)]
+
+
+def inputs(root: str) -> None:
+    """A base of 12 rows (row groups of 5) and both siblings of test_streaming's pipeline, local or on S3."""
+    storage.write_atomic(pa.table({"key": KEYS, "path": [f"p{k}" for k in KEYS], "image": [b"img"] * 12}),
+                         f"{root}base/{REL}", row_group_size=5)
+    storage.write_atomic(pa.table({"key": KEYS, "dqm": [float(i) for i in range(12)]}), f"{root}dqm/{REL}")
+    storage.write_atomic(pa.table({"path": [f"p{k}" for k in KEYS], "aes": list(range(12))}), f"{root}aes/{REL}")
+
+
+def chain(job, state):
+    for index in range(len(job.pipeline.operations)):
+        state = apply_operation(job, REL, index, state)
+    return write_output(job, REL, state)
+
+
+def test_the_steps_carry_the_base_as_read_and_write_output_reports_what_it_stored(tmp_path, monkeypatch):
+    """The base is replaced (other keys, another size) right after read_base opened it: the identity recorded
+    is the file read (fstat, not a stat of the path), and the post-write check compares the written keys with
+    the keys read, carried through every step (not the base read again). write_output's stats name the shard
+    and the stored size; the key columns (the dataset's and the aes step's) are written plain, not dictionary
+    encoded."""
+    root = storage.normalize_prefix(str(tmp_path))
+    inputs(root)
+    job = job_for(root, "out")
+    base = job.base_uri(REL)
+    read_identity = storage.file_identity(base)
+    write(pa.table({"key": [f"other-{k}" for k in KEYS], "path": KEYS, "extra": KEYS}), str(tmp_path / "new"), 12)
+    real_open = storage.open_parquet
+
+    def replaced_once_opened(uri, *args, **kwargs):
+        f = real_open(uri, *args, **kwargs)
+        if uri == base and os.path.exists(tmp_path / "new"):
+            os.replace(tmp_path / "new", base)
+        return f
+
+    monkeypatch.setattr(storage, "open_parquet", replaced_once_opened)
+    state = read_base(job, REL)
+    assert state.base_input == read_identity != storage.file_identity(base)
+    stats = chain(job, state)
+    out = job.output_uri(REL)
+    assert stats == ShardStats(REL, 12, os.path.getsize(out), 0, input_key=stats.input_key)
+    meta = pq.read_metadata(out)
+    assert stats.input_key == read_provenance(meta)["input_key"] != ""
+    encodings = {meta.schema.column(c).name: meta.row_group(0).column(c).encodings for c in range(meta.num_columns)}
+    dictionary = {name for name, used in encodings.items() if any("DICTIONARY" in e for e in used)}
+    assert dictionary == {"aes"}, encodings  # not the key columns (key, path), not a float
+
+
+def test_a_declared_extension_missing_fails_before_writing(tmp_path):
+    """No step skipped: a declared extension column absent from the output fails the write, nothing stored."""
+    root = storage.normalize_prefix(str(tmp_path))
+    inputs(root)
+    job = job_for(root, "out")
+    dataset = replace(job.pipeline.dataset, schema_extensions=(Extension("quality", ColumnType("quality_score",
+                                                                                                "floating")),))
+    job = replace(job, pipeline=replace(job.pipeline, dataset=dataset))
+    with pytest.raises(ShardError, match=rf"shard {REL}: writing .*declared extension column 'quality' "
+                                         r"\(quality_score\) is missing from the output"):
+        chain(job, read_base(job, REL))
+    assert not storage.list_prefix(job.output_prefix).shards
+
+
+def test_a_rename_after_a_skipped_optional_step_sees_its_history(tmp_path):
+    """The optional merge finds no sibling and is skipped; the rename of the column it would have supplied is
+    recorded absent (it reads the steps before it), not failed as a misconfigured column."""
+    root = storage.normalize_prefix(str(tmp_path))
+    inputs(root)
+    job = job_for(root, "out")
+    ops = (MergeFromSidecar(f"{root}missing/", ("dqm",), required=False), RenameColumns((("dqm", "score"),)))
+    job = replace(job, pipeline=replace(job.pipeline, operations=ops))
+    stats = chain(job, read_base(job, REL))
+    prov = read_provenance(pq.read_metadata(job.output_uri(REL)))
+    assert stats.rows == 12 and stats.skipped_ops == 1
+    assert [op["status"] for op in prov["operations"]] == ["skipped_missing_sibling", "applied"]
+    assert prov["operations"][1]["lineage"] == [{"change": "absent", "column": "score", "was": "dqm"}]
+    assert pq.read_schema(job.output_uri(REL)).names == ["key", "path"]
+
+
+def test_a_base_without_the_key_column_fails_as_a_shard_error(tmp_path):
+    """The planner refuses such a base; the steps alone still fail it naming the shard (the check has no keys
+    to compare), never with a bare error from reading it."""
+    root = storage.normalize_prefix(str(tmp_path))
+    storage.write_atomic(pa.table({"path": ["a", "b"], "image": [b"x", b"y"]}), f"{root}base/{REL}")
+    job = job_for(root, "out")
+    job = replace(job, pipeline=replace(job.pipeline, operations=()))
+    state = read_base(job, REL)
+    assert state.base_keys is None and state.table.column_names == ["path"]
+    with pytest.raises(ShardError, match=rf"^shard {REL}: verifying {job.output_uri(REL)}: "):
+        chain(job, state)
