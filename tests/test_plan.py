@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -19,11 +20,13 @@ from core_fixtures import (
     write_table,
 )
 from faultproxy import DENIED, UNSUPPORTED, proxied  # noqa: F401 (a fixture)
+from test_streaming import job_for as streaming_job
 
 from tasks import storage
 from tasks.config import load_pipeline
 from tasks.errors import ConfigError
 from tasks.kernel import PROVENANCE_KEY, Job, merge_shard, overwrite_fields
+from tasks.ops.rename_columns import RenameColumns
 from tasks.plan import (
     changed_inputs,
     inspect_schemas,
@@ -336,3 +339,17 @@ def test_the_predicted_schema_names_the_types_parquet_will_store(tmp_path):
     merge_shard(job, sorted(relpaths(2))[0])
     written = storage.read_footer(setup.output + sorted(relpaths(2))[0]).schema.to_arrow_schema()
     assert predicted.remove_metadata().equals(written.remove_metadata())
+
+
+def test_shards_whose_footers_differ_only_in_metadata_predict_one_schema(tmp_path):
+    """A rename keeps the base's schema metadata: the prediction carries the first sampled shard's, and a
+    shard with other metadata (another writer) is not reported as a different schema."""
+    root = storage.normalize_prefix(str(tmp_path))
+    base = pa.table({"key": ["a", "b"], "path": ["p", "q"]})
+    write_table(base.replace_schema_metadata({"writer": "one"}), f"{root}base/a/part-0.parquet")
+    write_table(base.replace_schema_metadata({"writer": "another"}), f"{root}base/a/part-1.parquet")
+    job = streaming_job(root, "out")
+    job = replace(job, pipeline=replace(job.pipeline, operations=(RenameColumns((("path", "uri"),)),)))
+    predicted, problems = inspect_schemas(make_plan(job), 2)
+    assert problems == []
+    assert predicted.names == ["key", "uri"] and predicted.metadata == {b"writer": b"one"}
