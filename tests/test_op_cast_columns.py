@@ -4,6 +4,7 @@ on `example` in tests/test_operations.py."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -15,7 +16,7 @@ from tasks.demo import relpaths
 from tasks.errors import ConfigError, ShardError
 from tasks.kernel import Job, merge_shard, read_provenance
 from tasks.ops import OPERATIONS, History, Status
-from tasks.ops.cast_columns import CastColumns, arrow_type
+from tasks.ops.cast_columns import CastColumns, arrow_type, first_failing
 
 SHARDS = 3
 REL = sorted(relpaths(SHARDS))
@@ -126,3 +127,66 @@ def test_a_cast_arrow_cannot_do_is_a_shard_error_before_any_row(tmp_path):
     with pytest.raises(ShardError, match=r"operations\[0\] \(cast_columns filter_luma -> float32\): column "
                                          r"'filter_luma': Arrow cannot cast struct<.*> to float$"):
         merge_shard(Job(pipe, setup.output), REL[0])
+
+
+# ---------------------------------------------------------------- what the step says and checks
+
+def test_describe_dry_run_and_meaning_name_each_cast():
+    op = CastColumns((("width", "int64"), ("height", "float64")))
+    assert op.dry_run_lines(None) == ("cast_columns width -> int64, height -> float64 (safe; reads no sibling)", [])
+    assert CastColumns((("width", "int8"),), safe=False).dry_run_lines(None) == (
+        "cast_columns width -> int8 (unsafe; reads no sibling)", [])
+    assert op.meaning(None) == {"type": "cast_columns", "columns": {"height": "double", "width": "int64"},
+                                "safe": True}
+
+
+def test_columns_to_cast_missing_at_this_step_fail_the_shard_naming_them_and_what_the_table_has():
+    schema = pa.schema([("id", pa.int64()), ("width", pa.int32())])
+    op = CastColumns((("height", "int8"), ("width", "int8"), ("depth", "int8")))
+    with pytest.raises(ShardError) as raised:
+        op.stream(schema, None, "a.parquet", History(), rows=1, window_rows=1)
+    assert str(raised.value) == ("column(s) height, depth to cast not in the table at this step (it has: id, width); "
+                                 "check `columns` against the base and earlier operations")
+
+
+class Sliced:
+    """An array counting the slices first_failing casts; a binary search needs at most `bound` of them."""
+
+    def __init__(self, values: pa.Array, bound: int):
+        self.values, self.bound, self.slices = values, bound, 0
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def slice(self, offset: int, length: int) -> pa.Array:
+        self.slices += 1
+        assert self.slices <= self.bound, "first_failing is not a binary search (or does not end)"
+        return self.values.slice(offset, length)
+
+
+@pytest.mark.parametrize("texts, first", [
+    (["x"], 0), (["1", "x"], 1), (["x", "2", "3"], 0), (["1", "2", "3", "4", "5", "x", "7", "8"], 5),
+    (["1", "2", "3", "x", "5", "6", "x", "8"], 3), (["1", "2", "3", "4", "5", "6", "7", "x"], 7),
+])
+def test_first_failing_finds_the_first_row_a_safe_cast_refuses_by_bisection(texts, first):
+    values = Sliced(pa.array(texts), bound=max(1, (len(texts) - 1).bit_length()))
+    assert first_failing(values, pa.int64()) == first
+
+
+def test_compare_values_casts_each_column_before_the_step_as_it_did_and_skips_what_it_cannot_see():
+    """A column missing from the output (the schema check's) or made by an earlier transform (before() is None)
+    is skipped; the others are compared with the values before the step cast unsafely, as the step did."""
+    op = CastColumns((("gone", "int8"), ("made", "int8"), ("height", "int8"), ("width", "int8")), safe=False)
+    before = {"gone": pa.chunked_array([[1, 2]], pa.int32()), "made": None,
+              "height": pa.chunked_array([[300, 2]], pa.int32()), "width": pa.chunked_array([[5, 6]], pa.int32())}
+    compared = []
+
+    def compare(name, got, want, cast=False):
+        compared.append(name)
+        return None if got.equals(want) else f"{name}: {got.to_pylist()} != {want.to_pylist()}"
+    shard = SimpleNamespace(before=lambda index, column: before[column], compare=compare, out=pa.table({
+        "made": pa.array([1, 2], pa.int8()), "height": pa.array([44, 2], pa.int8()),
+        "width": pa.array([5, 7], pa.int8())}))
+    found = op.compare_values(shard, 2, None)
+    assert (found.keys, found.columns, compared) == ([], ["operations[2]: width: [5, 7] != [5, 6]"],
+                                                     ["height", "width"])
