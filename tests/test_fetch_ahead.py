@@ -245,9 +245,14 @@ def test_a_footer_beyond_the_tail_is_fetched_before_the_wanted_columns(monkeypat
     assert spans[0][0] == wanted[0][0] and spans[-1][1] == wanted[-1][1]
 
 
-def test_an_object_that_is_no_parquet_file_is_not_fetched_beyond_its_tail(monkeypatch, caplog):
+@pytest.mark.parametrize("footer, magic", [(10, b"PAR2"), (ahead.FOOTER_READ * 2 + 1, b"PAR1"),
+                                           (ahead.FOOTER_READ * 2 - 3, b"PAR1")],
+                         ids=["another magic", "a footer longer than the object", "no room for the leading magic"])
+def test_an_object_that_is_no_parquet_file_is_not_fetched_beyond_its_tail(monkeypatch, caplog, footer, magic):
+    """Not a parquet file by its last 8 bytes: another magic, or a footer length that leaves no room for the
+    footer and the leading magic (the object holds 2 * FOOTER_READ bytes besides its last 8)."""
     monkeypatch.setattr(ahead, "TAIL", ahead.FOOTER_READ)
-    data = os.urandom(2 * ahead.FOOTER_READ) + (10).to_bytes(4, "little") + b"PAR2"
+    data = os.urandom(2 * ahead.FOOTER_READ) + footer.to_bytes(4, "little") + magic
     asked: list = []
     ahead.fetch("s3://b/x.parquet", "x", len(data), {}, lambda c: True, recorded(data, asked))
     with caplog.at_level(logging.DEBUG, logger=ahead.__name__):

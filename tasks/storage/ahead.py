@@ -147,7 +147,7 @@ def _fetch(size: int, details: dict, wanted: Callable[[str], bool], read_range: 
     if tail_start == 0:
         return Fetched(size, details, [(0, tail)], read_range)
     footer = struct.unpack("<I", tail[-8:-4])[0] + 8
-    if tail[-4:] != b"PAR1" or footer > size:
+    if tail[-4:] != b"PAR1" or footer + 4 > size:  # no room for the footer and the leading magic
         raise ValueError("not a parquet file")  # the usual read will say so
     if footer > len(tail):
         tail = read_range(size - footer, tail_start) + tail
