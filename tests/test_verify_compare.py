@@ -7,7 +7,7 @@ import pytest
 
 from tasks import storage
 from tasks.errors import ShardError
-from tasks.verification.compare import SLICE, compare, one_line, read
+from tasks.verification.compare import SLICE, Tally, compare, one_line, read
 
 NAN = float("nan")
 
@@ -89,3 +89,16 @@ def test_read_takes_the_columns_asked_for_or_all_but_one(root):
 ])
 def test_one_line_is_the_first_line_named_by_type_unless_a_shard_error(exc, line):
     assert one_line(exc) == line
+
+
+def test_a_tally_counts_over_its_windows_names_the_shards_rows_and_casts_only_when_asked():
+    tally = Tally("c")  # rows not given: the rows compared, over every window
+    tally.add(column([1, 2]), column([1, 3]), offset=0)
+    tally.add(column([4, 5]), column([4, 5]), offset=2)
+    assert tally.line() == "column 'c': 1 of 4 rows differ, first at row 1: 2 vs 3"
+    shard = Tally("c", rows=10)
+    shard.add(column([1, 2]), column([1, 3]), offset=4)
+    assert shard.line() == "column 'c': 1 of 10 rows differ, first at row 5: 2 vs 3"
+    typed = Tally("c")
+    typed.add(column([1], pa.int32()), column([1], pa.int64()))
+    assert typed.line() == "column 'c' is int32, expected int64"
