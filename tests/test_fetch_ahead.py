@@ -262,6 +262,23 @@ def test_an_object_that_is_no_parquet_file_is_not_fetched_beyond_its_tail(monkey
         "fetching s3://b/x.parquet ahead failed (not a parquet file): reading it now"]
 
 
+def test_a_parquet_file_that_is_all_footer_is_fetched(monkeypatch):
+    """A table of no columns is the leading magic then its footer (here a large one, metadata beyond the tail):
+    the smallest parquet file for its footer, whose length leaves exactly room for the magic. It is fetched,
+    its footer beyond the tail, and reads from memory."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({}).replace_schema_metadata({"note": "x" * ahead.FOOTER_READ}), sink)
+    data = sink.getvalue().to_pybytes()
+    assert int.from_bytes(data[-8:-4], "little") + 8 + 4 == len(data) > ahead.FOOTER_READ
+    monkeypatch.setattr(ahead, "TAIL", ahead.FOOTER_READ)
+    asked: list = []
+    ahead.fetch("s3://b/empty.parquet", "e", len(data), {}, lambda c: True, recorded(data, asked))
+    fetched = ahead.take("s3://b/empty.parquet", "e")
+    tail_start = len(data) - ahead.FOOTER_READ
+    assert asked == [(tail_start, len(data)), (4, tail_start)]
+    assert fetched is not None and pq.ParquetFile(fetched).schema_arrow.metadata[b"note"] == b"x" * ahead.FOOTER_READ
+
+
 def test_the_byte_budget_drops_the_oldest_and_never_fetches_what_exceeds_it(monkeypatch):
     monkeypatch.setattr(ahead, "BUDGET", 100)
     gate = threading.Event()
