@@ -284,3 +284,14 @@ def test_an_object_listed_with_no_s3_identity_is_opened_as_usual(s3_root):
     storage._s3().pipe_file(uri[len("s3://"):], b"0123456789")
     with s3_backend.S3Backend().open_listed(uri, "mtime_ns=1;size=10") as f:
         assert f.read() == b"0123456789"
+
+
+def test_an_aborted_upload_takes_no_more_bytes():
+    """After abort (a failed write, or abandon from another thread), a late write fails at once: nothing is
+    buffered or sent for an upload that has ended (no request: this one never reached the store)."""
+    upload = s3_backend.Upload(None, "bucket", "out/part-0.parquet")
+    assert upload.write(b"PAR1") == 4
+    upload.abort()
+    with pytest.raises(OSError, match=r"^upload of s3://bucket/out/part-0.parquet has ended$"):
+        upload.write(b"more")
+    assert (upload.size, bytes(upload.pending)) == (4, b"PAR1")
