@@ -3,6 +3,7 @@ local disk: what each hands the next (the base's identity and keys as read, the 
 what write_output reports and stores."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 
@@ -15,7 +16,16 @@ from tasks import storage
 from tasks.coltypes import ColumnType
 from tasks.config import Extension
 from tasks.errors import ShardError
-from tasks.kernel import ShardStats, apply_operation, read_base, read_provenance, write_output
+from tasks.kernel import (
+    MERGE_SEMANTICS_VERSION,
+    PROVENANCE_KEY,
+    ShardStats,
+    apply_operation,
+    check_written,
+    read_base,
+    read_provenance,
+    write_output,
+)
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
 from tasks.ops.rename_columns import RenameColumns
 
@@ -63,7 +73,8 @@ def test_the_steps_carry_the_base_as_read_and_write_output_reports_what_it_store
     out = job.output_uri(REL)
     assert stats == ShardStats(REL, 12, os.path.getsize(out), 0, input_key=stats.input_key)
     meta = pq.read_metadata(out)
-    assert stats.input_key == read_provenance(meta)["input_key"] != ""
+    prov = read_provenance(meta)
+    assert stats.input_key == prov["input_key"] != "" and prov["merge_semantics"] == MERGE_SEMANTICS_VERSION
     encodings = {meta.schema.column(c).name: meta.row_group(0).column(c).encodings for c in range(meta.num_columns)}
     dictionary = {name for name, used in encodings.items() if any("DICTIONARY" in e for e in used)}
     assert dictionary == {"aes"}, encodings  # not the key columns (key, path), not a float
@@ -110,3 +121,56 @@ def test_a_base_without_the_key_column_fails_as_a_shard_error(tmp_path):
     assert state.base_keys is None and state.table.column_names == ["path"]
     with pytest.raises(ShardError, match=rf"^shard {REL}: verifying {job.output_uri(REL)}: "):
         chain(job, state)
+
+
+QUALITY = Extension("quality", ColumnType("quality_score", "floating"))
+
+
+def written_with_key_second(tmp_path):
+    """An output merged from a base whose key is its second column and that carries the declared `quality`."""
+    root = storage.normalize_prefix(str(tmp_path))
+    inputs(root)
+    base = f"{root}base/{REL}"
+    table = pq.read_table(base)
+    storage.write_atomic(pa.table({"path": table["path"], "key": table["key"], "quality": [0.5] * 12}), base)
+    job = job_for(root, "out")
+    job = replace(job, pipeline=replace(job.pipeline, dataset=replace(job.pipeline.dataset,
+                                                                      schema_extensions=(QUALITY,))))
+    stats = chain(job, read_base(job, REL))
+    return job, stats
+
+
+def test_the_check_of_a_stored_output_reads_the_key_columns_by_name(tmp_path):
+    """The check of an output found stored (a retried or cached step: no payload, no keys kept) reads the key
+    column of the output and of the base by name, wherever it stands; it gives the input key recorded."""
+    job, stats = written_with_key_second(tmp_path)
+    assert pq.read_schema(job.output_uri(REL)).names[:2] == ["path", "key"]
+    found = ShardStats(REL, 12, stats.bytes)
+    assert check_written(job, REL, found) == replace(found, input_key=stats.input_key)
+
+
+def test_the_check_of_an_output_recorded_without_an_input_key_gives_an_empty_one(tmp_path):
+    """An output written before provenance recorded its input key: checked, its key is empty (never current)."""
+    job, _ = written_with_key_second(tmp_path)
+
+    table = pq.read_table(job.output_uri(REL))
+    prov = json.loads(table.schema.metadata[PROVENANCE_KEY])
+    del prov["input_key"]
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, PROVENANCE_KEY: json.dumps(prov)}),
+                   job.output_uri(REL))
+    assert check_written(job, REL, ShardStats(REL, 12, 0)).input_key == ""
+
+
+def test_the_check_refuses_another_pipelines_output_and_a_missing_declared_extension(tmp_path):
+    """A stored output another pipeline wrote, or one without a declared extension column (unless a skipped
+    step explains it): the check fails it naming the shard."""
+    job, stats = written_with_key_second(tmp_path)
+    other = replace(job, pipeline=replace(job.pipeline, operations=job.pipeline.operations[:1]))
+    with pytest.raises(ShardError, match=rf"^shard {REL}: verifying {job.output_uri(REL)}: provenance fingerprint "
+                                         r"missing or different from this pipeline's$"):
+        check_written(other, REL, ShardStats(REL, 12, 0))
+    table = pq.read_table(job.output_uri(REL))
+    pq.write_table(table.drop_columns(["quality"]).replace_schema_metadata(table.schema.metadata), job.output_uri(REL))
+    with pytest.raises(ShardError, match=r"declared extension column 'quality' \(quality_score\) is missing"):
+        check_written(job, REL, ShardStats(REL, 12, 0))
+    assert check_written(job, REL, ShardStats(REL, 12, 0, skipped_ops=1)).input_key == stats.input_key

@@ -174,12 +174,14 @@ def test_what_an_upload_reply_proves(reply, proven):
 
 def test_an_unproven_upload_is_read_back_by_the_check(tmp_path, s3_root, proxied, monkeypatch):
     """Where S3's reply proves nothing (SSE-KMS ETags, no checksum), the post-write check reads the output back
-    (footer and key column), as it did before the payload was kept."""
+    (footer and key column), as it did before the payload was kept: opened with the size it wrote, no HEAD."""
     setup = build(tmp_path, s3_root, shards=1)
     monkeypatch.setattr(s3_backend, "stored_exactly", lambda reply, body: False)
     proxy = proxied()
     merge_shard(Job(load_pipeline(setup.pipeline), setup.output), REL[0])
-    assert per_object(proxy, s3_root)[("GetObject", "out")] == 2  # footer, key column
+    counts = per_object(proxy, s3_root)
+    assert counts[("GetObject", "out")] == 2  # footer, key column
+    assert counts[("HeadObject", "out")] == 0  # opened with the size written: no HEAD
 
 
 @pytest.mark.parametrize("layout", ["streamed", "chain"])
