@@ -22,6 +22,7 @@ from tasks.kernel import (
     ShardStats,
     apply_operation,
     check_written,
+    merge_shard,
     read_base,
     read_provenance,
     write_output,
@@ -126,8 +127,9 @@ def test_a_base_without_the_key_column_fails_as_a_shard_error(tmp_path):
 QUALITY = Extension("quality", ColumnType("quality_score", "floating"))
 
 
-def written_with_key_second(tmp_path):
-    """An output merged from a base whose key is its second column and that carries the declared `quality`."""
+def written_with_key_second(tmp_path, merge=None):
+    """An output merged (by the steps, or by `merge`) from a base whose key is its second column and that
+    carries the declared `quality`."""
     root = storage.normalize_prefix(str(tmp_path))
     inputs(root)
     base = f"{root}base/{REL}"
@@ -136,7 +138,7 @@ def written_with_key_second(tmp_path):
     job = job_for(root, "out")
     job = replace(job, pipeline=replace(job.pipeline, dataset=replace(job.pipeline.dataset,
                                                                       schema_extensions=(QUALITY,))))
-    stats = chain(job, read_base(job, REL))
+    stats = merge(job, REL) if merge else chain(job, read_base(job, REL))
     return job, stats
 
 
@@ -147,6 +149,13 @@ def test_the_check_of_a_stored_output_reads_the_key_columns_by_name(tmp_path):
     assert pq.read_schema(job.output_uri(REL)).names[:2] == ["path", "key"]
     found = ShardStats(REL, 12, stats.bytes)
     assert check_written(job, REL, found) == replace(found, input_key=stats.input_key)
+
+
+def test_the_streamed_merge_checks_the_base_keys_by_name(tmp_path):
+    """merge_shard (the fused task) rereads the base's key column by name for its check: a key that is not
+    the base's first column still checks."""
+    job, stats = written_with_key_second(tmp_path, merge_shard)
+    assert stats.rows == 12 and pq.read_schema(job.output_uri(REL)).names[:2] == ["path", "key"]
 
 
 def test_the_check_of_an_output_recorded_without_an_input_key_gives_an_empty_one(tmp_path):

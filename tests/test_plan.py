@@ -30,6 +30,7 @@ from tasks.ops.rename_columns import RenameColumns
 from tasks.plan import (
     changed_inputs,
     inspect_schemas,
+    list_or_refuse,
     make_plan,
     output_status,
     refuse_foreign,
@@ -353,3 +354,15 @@ def test_shards_whose_footers_differ_only_in_metadata_predict_one_schema(tmp_pat
     predicted, problems = inspect_schemas(make_plan(job), 2)
     assert problems == []
     assert predicted.names == ["key", "uri"] and predicted.metadata == {b"writer": b"one"}
+
+
+def test_a_listing_task_that_fails_is_one_line_naming_the_prefix(tmp_path):
+    """The listing task's own failure, whatever its type, is the planner's one line (not the prefix listed
+    again by the planner, which could succeed and hide it)."""
+    def failed():
+        raise RuntimeError("the listing task crashed")
+
+    prefix = storage.normalize_prefix(str(tmp_path))
+    with pytest.raises(ConfigError) as refused:
+        list_or_refuse(prefix, "base prefix", failed)
+    assert str(refused.value) == f"cannot list base prefix {prefix}: RuntimeError: the listing task crashed"
