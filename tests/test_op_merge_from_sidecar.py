@@ -6,12 +6,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from core_fixtures import three_ops
 
 from tasks.errors import ShardError
 from tasks.ops import MergeFromSidecar
-from tasks.ops.lineage import History, Status
+from tasks.ops.lineage import History, Status, StepRecord, appended
+from tasks.verification.values import ShardValues
 
 KEYS_ONLY = SimpleNamespace(key_column="image_key", image_column="image")  # not DATASET: test_operations reads that name
 
@@ -68,3 +70,15 @@ def test_a_missing_sibling_fails_a_required_step_with_its_line_and_skips_an_opti
     optional = MergeFromSidecar(source, ("dqm",), required=False)
     skipped = optional.stream(schema, KEYS_ONLY, "a/part-0.parquet", History(), 4, 4)
     assert skipped.record.status is Status.SKIPPED and skipped.schema == schema
+
+
+def test_verify_names_a_differing_key_and_column_of_the_step_by_their_names(tmp_path):
+    """One window of an output whose key and merged column each differ from the sibling's in one row."""
+    pq.write_table(pa.table({"sk": [1, 2, 3], "s": [0.5, 0.25, 0.125]}), tmp_path / "a.parquet")
+    op = MergeFromSidecar(f"{tmp_path}/", ("s",), target_key_column="k", source_key_column="sk")
+    record = StepRecord(Status.MERGED, (appended("s"),), "id")
+    job = SimpleNamespace(pipeline=SimpleNamespace(dataset=KEYS_ONLY, operations=[op]))
+    out = pa.table({"k": [1, 9, 3], "s": [0.5, 0.25, 0.0]})
+    found = op.compare_values(ShardValues(job, "a.parquet", out, pa.table({"k": [1, 2, 3]}), (record,)), 0, record)
+    assert found.keys == ["operations[0] k vs source sk: column 'k': 1 of 3 rows differ, first at row 1: 9 vs 2"]
+    assert found.columns == ["operations[0]: column 's': 1 of 3 rows differ, first at row 2: 0.0 vs 0.125"]
