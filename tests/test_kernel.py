@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -55,7 +56,7 @@ def test_the_steps_carry_the_base_as_read_and_write_output_reports_what_it_store
     encoded."""
     root = storage.normalize_prefix(str(tmp_path))
     inputs(root)
-    job = job_for(root, "out")
+    job = replace(job_for(root, "out"), run_id="run-1", started="2026-12-05T09:00:00+00:00")
     base = job.base_uri(REL)
     read_identity = storage.file_identity(base)
     write(pa.table({"key": [f"other-{k}" for k in KEYS], "path": KEYS, "extra": KEYS}), str(tmp_path / "new"), 12)
@@ -76,6 +77,8 @@ def test_the_steps_carry_the_base_as_read_and_write_output_reports_what_it_store
     meta = pq.read_metadata(out)
     prov = read_provenance(meta)
     assert stats.input_key == prov["input_key"] != "" and prov["merge_semantics"] == MERGE_SEMANTICS_VERSION
+    assert (prov["run_id"], prov["run_started"]) == ("run-1", "2026-12-05T09:00:00+00:00")
+    assert "overwrite_id" not in prov  # not an overwrite run
     encodings = {meta.schema.column(c).name: meta.row_group(0).column(c).encodings for c in range(meta.num_columns)}
     dictionary = {name for name, used in encodings.items() if any("DICTIONARY" in e for e in used)}
     assert dictionary == {"aes"}, encodings  # not the key columns (key, path), not a float
@@ -183,3 +186,22 @@ def test_the_check_refuses_another_pipelines_output_and_a_missing_declared_exten
     with pytest.raises(ShardError, match=r"declared extension column 'quality' \(quality_score\) is missing"):
         check_written(job, REL, ShardStats(REL, 12, 0))
     assert check_written(job, REL, ShardStats(REL, 12, 0, skipped_ops=1)).input_key == stats.input_key
+
+
+def test_a_base_unreadable_past_its_first_windows_names_the_shard_and_the_base(tmp_path):
+    """The streamed merge reads the base a window at a time: a data page damaged in a later row group fails
+    that window's read, named as the base's (nothing published)."""
+    root = storage.normalize_prefix(str(tmp_path))
+    job = job_for(root, "out")
+    job = replace(job, pipeline=replace(job.pipeline, operations=()))
+    base = job.base_uri(REL)
+    keys = [f"k{i:04d}" for i in range(200)]
+    write(pa.table({"key": keys, "path": keys}), base, 50)
+    page = pq.read_metadata(base).row_group(2).column(1)
+    data = bytearray(Path(base).read_bytes())
+    data[page.data_page_offset + 20:page.data_page_offset + page.total_compressed_size - 2] = b"\xff" * (
+        page.total_compressed_size - 22)
+    Path(base).write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=rf"^shard {REL}: reading base shard {base}: not a readable parquet file"):
+        merge_shard(job, REL)
+    assert not storage.list_prefix(job.output_prefix).shards
