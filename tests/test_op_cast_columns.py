@@ -4,6 +4,9 @@ on `example` in tests/test_operations.py."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -190,3 +193,15 @@ def test_compare_values_casts_each_column_before_the_step_as_it_did_and_skips_wh
     found = op.compare_values(shard, 2, None)
     assert (found.keys, found.columns, compared) == ([], ["operations[2]: width: [5, 7] != [5, 6]"],
                                                      ["height", "width"])
+
+
+@pytest.mark.slow
+def test_the_planned_schema_of_a_cast_in_a_process_of_its_own():
+    """In a child interpreter: a step handing pyarrow a field of no type crashes the process (SIGSEGV), which a
+    test in the same process cannot report."""
+    code = ("import pyarrow as pa; from tasks.ops.cast_columns import CastColumns; from tasks.ops.lineage import "
+            "History; print(CastColumns((('w', 'int8'),)).plan(pa.schema([('w', pa.int32()), ('k', pa.string())]), "
+            "None, 'a.parquet', History())[0])")
+    child = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                           text=True, check=False)
+    assert (child.returncode, child.stdout) == (0, "w: int8\nk: string\n"), child.stderr
