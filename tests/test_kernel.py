@@ -32,6 +32,7 @@ from tasks.ops.merge_from_sidecar import MergeFromSidecar
 from tasks.ops.rename_columns import RenameColumns
 
 KEYS = [f"k{i:02d}" for i in range(12)]
+QUALITY = Extension("quality", ColumnType("quality_score", "floating"))
 
 
 def inputs(root: str) -> None:
@@ -84,17 +85,18 @@ def test_the_steps_carry_the_base_as_read_and_write_output_reports_what_it_store
     assert dictionary == {"aes"}, encodings  # not the key columns (key, path), not a float
 
 
-def test_a_declared_extension_missing_fails_before_writing(tmp_path):
-    """No step skipped: a declared extension column absent from the output fails the write, nothing stored."""
+@pytest.mark.parametrize("streamed", [False, True], ids=["steps", "streamed"])
+def test_a_declared_extension_missing_fails_before_writing(tmp_path, streamed):
+    """No step skipped: a declared extension column absent from the output fails the write, nothing stored
+    (by the steps, or by the streamed merge before its first window goes out)."""
     root = storage.normalize_prefix(str(tmp_path))
     inputs(root)
     job = job_for(root, "out")
-    dataset = replace(job.pipeline.dataset, schema_extensions=(Extension("quality", ColumnType("quality_score",
-                                                                                                "floating")),))
+    dataset = replace(job.pipeline.dataset, schema_extensions=(QUALITY,))
     job = replace(job, pipeline=replace(job.pipeline, dataset=dataset))
-    with pytest.raises(ShardError, match=rf"shard {REL}: writing .*declared extension column 'quality' "
+    with pytest.raises(ShardError, match=rf"^shard {REL}: writing .*declared extension column 'quality' "
                                          r"\(quality_score\) is missing from the output"):
-        chain(job, read_base(job, REL))
+        merge_shard(job, REL) if streamed else chain(job, read_base(job, REL))
     assert not storage.list_prefix(job.output_prefix).shards
 
 
@@ -126,8 +128,6 @@ def test_a_base_without_the_key_column_fails_as_a_shard_error(tmp_path):
     with pytest.raises(ShardError, match=rf"^shard {REL}: verifying {job.output_uri(REL)}: "):
         chain(job, state)
 
-
-QUALITY = Extension("quality", ColumnType("quality_score", "floating"))
 
 
 def written_with_key_second(tmp_path, merge=None):
@@ -188,6 +188,15 @@ def test_the_check_refuses_another_pipelines_output_and_a_missing_declared_exten
     assert check_written(job, REL, ShardStats(REL, 12, 0, skipped_ops=1)).input_key == stats.input_key
 
 
+def damage_a_page(path: str, group: int, column: int) -> None:
+    """Overwrite the data page of one column chunk past its page header's first bytes (its footer intact)."""
+    page = pq.read_metadata(path).row_group(group).column(column)
+    start, size = page.data_page_offset, page.total_compressed_size
+    data = bytearray(Path(path).read_bytes())
+    data[start + 20:start + size - 2] = b"\xff" * (size - 22)
+    Path(path).write_bytes(bytes(data))
+
+
 def test_a_base_unreadable_past_its_first_windows_names_the_shard_and_the_base(tmp_path):
     """The streamed merge reads the base a window at a time: a data page damaged in a later row group fails
     that window's read, named as the base's (nothing published)."""
@@ -197,11 +206,23 @@ def test_a_base_unreadable_past_its_first_windows_names_the_shard_and_the_base(t
     base = job.base_uri(REL)
     keys = [f"k{i:04d}" for i in range(200)]
     write(pa.table({"key": keys, "path": keys}), base, 50)
-    page = pq.read_metadata(base).row_group(2).column(1)
-    data = bytearray(Path(base).read_bytes())
-    data[page.data_page_offset + 20:page.data_page_offset + page.total_compressed_size - 2] = b"\xff" * (
-        page.total_compressed_size - 22)
-    Path(base).write_bytes(bytes(data))
+    damage_a_page(base, group=2, column=1)
     with pytest.raises(ShardError, match=rf"^shard {REL}: reading base shard {base}: not a readable parquet file"):
+        merge_shard(job, REL)
+    assert not storage.list_prefix(job.output_prefix).shards
+
+
+def test_a_sibling_unreadable_past_its_first_windows_names_the_shard_and_the_step(tmp_path):
+    """A data page damaged in a later row group of a sibling fails that window's step, named by shard and
+    operation (nothing published)."""
+    root = storage.normalize_prefix(str(tmp_path))
+    job = job_for(root, "out")
+    job = replace(job, pipeline=replace(job.pipeline, operations=job.pipeline.operations[:1]))
+    keys = [f"k{i:04d}" for i in range(200)]
+    write(pa.table({"key": keys, "path": keys}), job.base_uri(REL), 50)
+    sibling = f"{root}dqm/{REL}"
+    write(pa.table({"key": keys, "dqm": [float(i) for i in range(200)]}), sibling, 50)
+    damage_a_page(sibling, group=2, column=1)
+    with pytest.raises(ShardError, match=rf"^shard {REL}: operations\[0\] \(merge_from_sidecar from {root}dqm/\): "):
         merge_shard(job, REL)
     assert not storage.list_prefix(job.output_prefix).shards
