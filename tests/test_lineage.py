@@ -128,3 +128,14 @@ def test_a_transformed_column_keeps_its_place_and_is_the_steps_own_not_a_sibling
     assert layout.origin["c"] == Origin("b", 0, transformed=True)
     assert (layout.origin["c"].step, layout.from_step(0)) == (0, [])  # no sibling column to compare it with
     assert replay(["a", "b"], [StepRecord(Status.SKIPPED, (transformed("b"),))]).origin["b"] == Origin("b")
+
+
+def test_a_step_record_is_its_notes_status_lineage_and_input_and_a_history_takes_records_or_dicts():
+    record = StepRecord(Status.MERGED, (appended("s", "raw"), renamed("a", "b")), "id-1", {"appended": ["s"]})
+    recorded = {"appended": ["s"], "status": "merged", "input": "id-1",
+                "lineage": [{"column": "s", "change": "append", "sibling": "raw"},
+                            {"column": "b", "change": "rename", "was": "a"}]}
+    assert record.to_dict() == recorded
+    assert StepRecord(Status.PLANNED).to_dict() == {"status": "planned", "lineage": []}  # no input: none recorded
+    history = History.of(["op0", "op1", "op2"], [record, recorded])
+    assert history.steps == (("op0", record), ("op1", StepRecord(Status.MERGED, record.lineage, "id-1")))
