@@ -26,6 +26,7 @@ from tasks.kernel import (
     merge_shard,
     read_base,
     read_provenance,
+    shard_key,
     write_output,
 )
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
@@ -33,6 +34,7 @@ from tasks.ops.rename_columns import RenameColumns
 
 KEYS = [f"k{i:02d}" for i in range(12)]
 QUALITY = Extension("quality", ColumnType("quality_score", "floating"))
+KEY_OF_V2 = "ffd43871209909aaaba87f27d5f5dc98820ec19dc7c6d657d1844dcb3b9870ad"  # merge semantics 2
 
 
 def inputs(root: str) -> None:
@@ -49,12 +51,13 @@ def chain(job, state):
     return write_output(job, REL, state)
 
 
-def test_the_steps_carry_the_base_as_read_and_write_output_reports_what_it_stored(tmp_path, monkeypatch):
-    """The base is replaced (other keys, another size) right after read_base opened it: the identity recorded
-    is the file read (fstat, not a stat of the path), and the post-write check compares the written keys with
-    the keys read, carried through every step (not the base read again). write_output's stats name the shard
-    and the stored size; the key columns (the dataset's and the aes step's) are written plain, not dictionary
-    encoded."""
+@pytest.mark.parametrize("streamed", [False, True], ids=["steps", "streamed"])
+def test_the_steps_carry_the_base_as_read_and_write_output_reports_what_it_stored(tmp_path, monkeypatch, streamed):
+    """The base is replaced (other keys, another size) right after the shard's first step opened it: the
+    identity recorded is the file read (fstat, not a stat of the path), and the post-write check compares the
+    written keys with the keys read (carried through every step, or reread from the same open file by the
+    streamed merge; never the base opened again). The stats name the shard and the stored size; the key
+    columns (the dataset's and the aes step's) are written plain, not dictionary encoded."""
     root = storage.normalize_prefix(str(tmp_path))
     inputs(root)
     job = replace(job_for(root, "out"), run_id="run-1", started="2026-12-05T09:00:00+00:00")
@@ -70,19 +73,32 @@ def test_the_steps_carry_the_base_as_read_and_write_output_reports_what_it_store
         return f
 
     monkeypatch.setattr(storage, "open_parquet", replaced_once_opened)
-    state = read_base(job, REL)
-    assert state.base_input == read_identity != storage.file_identity(base)
-    stats = chain(job, state)
+    if streamed:
+        stats = merge_shard(job, REL)
+    else:
+        state = read_base(job, REL)
+        assert state.base_input == read_identity
+        stats = chain(job, state)
+    assert read_identity != storage.file_identity(base)
     out = job.output_uri(REL)
-    assert stats == ShardStats(REL, 12, os.path.getsize(out), 0, input_key=stats.input_key)
+    assert stats == ShardStats(REL, 12, os.path.getsize(out), 0, stats.seconds, stats.input_key)
     meta = pq.read_metadata(out)
     prov = read_provenance(meta)
     assert stats.input_key == prov["input_key"] != "" and prov["merge_semantics"] == MERGE_SEMANTICS_VERSION
     assert (prov["run_id"], prov["run_started"]) == ("run-1", "2026-12-05T09:00:00+00:00")
+    assert prov["inputs"]["base"] == read_identity
     assert "overwrite_id" not in prov  # not an overwrite run
     encodings = {meta.schema.column(c).name: meta.row_group(0).column(c).encodings for c in range(meta.num_columns)}
     dictionary = {name for name, used in encodings.items() if any("DICTIONARY" in e for e in used)}
     assert dictionary == {"aes"}, encodings  # not the key columns (key, path), not a float
+
+
+def test_the_shard_key_of_recorded_inputs_never_changes():
+    """Outputs record the key they were made under and the planner compares it with the key of the inputs it
+    lists: a change of the formula would make every stored output stale (a deliberate change bumps
+    MERGE_SEMANTICS_VERSION, and this value with it)."""
+    inputs_ = {"base": "size=10;mtime_ns=20", "operations": ["size=3;etag=abc", "absent"]}
+    assert shard_key("fp", "a/part-0.parquet", inputs_) == KEY_OF_V2
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["steps", "streamed"])

@@ -225,3 +225,17 @@ def test_write_output_checks_the_bytes_s3_confirmed_not_the_stored_object(s3_roo
     stats = write_output(job, rel, kernel.ShardState(table, 3, base_keys=table["key"]))
     assert opened == [] and stats.rows == 3
     assert read_table(job.output_uri(rel)).equals(table)
+
+
+def test_the_streamed_merge_checks_the_bytes_s3_confirmed_not_the_stored_object(s3_root, monkeypatch):
+    """merge_shard (the fused task) on S3 opens its inputs only: the check reads the payload S3's checksums
+    proved stored, never the output."""
+    from test_kernel import inputs
+
+    inputs(s3_root)
+    job = test_streaming.job_for(s3_root, "out")
+    opened = []
+    real_open = storage.open_parquet
+    monkeypatch.setattr(storage, "open_parquet", lambda uri, *a, **kw: opened.append(uri) or real_open(uri, *a, **kw))
+    assert merge_shard(job, test_streaming.REL).rows == 12
+    assert job.output_uri(test_streaming.REL) not in opened and job.base_uri(test_streaming.REL) in opened
