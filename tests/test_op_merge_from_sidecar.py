@@ -11,7 +11,7 @@ import pytest
 from core_fixtures import three_ops
 
 from tasks.errors import ShardError
-from tasks.ops import MergeFromSidecar
+from tasks.ops import Input, MergeFromSidecar
 from tasks.ops.lineage import History, Status, StepRecord, appended
 from tasks.verification.values import ShardValues
 
@@ -82,3 +82,18 @@ def test_verify_names_a_differing_key_and_column_of_the_step_by_their_names(tmp_
     found = op.compare_values(ShardValues(job, "a.parquet", out, pa.table({"k": [1, 2, 3]}), (record,)), 0, record)
     assert found.keys == ["operations[0] k vs source sk: column 'k': 1 of 3 rows differ, first at row 1: 9 vs 2"]
     assert found.columns == ["operations[0]: column 's': 1 of 3 rows differ, first at row 2: 0.0 vs 0.125"]
+
+
+def test_to_dict_input_and_meaning_say_what_the_step_reads_by_which_keys():
+    listed = MergeFromSidecar("s3://b/aes/", ("aes", "x"), "prefer_sidecar", "k", "sk", required=False)
+    assert listed.to_dict() == {"type": "merge_from_sidecar", "source_prefix": "s3://b/aes/", "columns": ["aes", "x"],
+                                "mode": "prefer_sidecar", "target_key_column": "k", "source_key_column": "sk",
+                                "required": False}
+    assert listed.input(KEYS_ONLY) == Input("s3://b/aes/", "k", "sk", False, columns=("sk", "aes", "x"))
+    every = MergeFromSidecar("s3://b/dqm/")  # every column, by the dataset's key
+    assert every.to_dict() == {"type": "merge_from_sidecar", "source_prefix": "s3://b/dqm/", "columns": None,
+                               "mode": "fill_missing", "target_key_column": None, "source_key_column": None,
+                               "required": True}
+    assert every.input(KEYS_ONLY) == Input("s3://b/dqm/", "image_key", "image_key", True, columns=None)
+    assert every.meaning(KEYS_ONLY) == {**every.to_dict(), "target_key_column": "image_key",
+                                        "source_key_column": "image_key"}
