@@ -3,6 +3,7 @@
 and tests/test_property_merge.py; its dry-run lines here."""
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -10,9 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from core_fixtures import three_ops
 
+from tasks import storage
 from tasks.errors import ShardError
 from tasks.ops import Input, MergeFromSidecar
-from tasks.ops.lineage import History, Status, StepRecord, appended
+from tasks.ops.lineage import History, Status, StepRecord, appended, replaced
 from tasks.verification.values import ShardValues
 
 KEYS_ONLY = SimpleNamespace(key_column="image_key", image_column="image")  # not DATASET: test_operations reads that name
@@ -97,3 +99,21 @@ def test_to_dict_input_and_meaning_say_what_the_step_reads_by_which_keys():
     assert every.input(KEYS_ONLY) == Input("s3://b/dqm/", "image_key", "image_key", True, columns=None)
     assert every.meaning(KEYS_ONLY) == {**every.to_dict(), "target_key_column": "image_key",
                                         "source_key_column": "image_key"}
+
+
+@pytest.mark.parametrize("mode", ["prefer_sidecar", "fill_missing"])
+def test_a_planned_step_records_what_it_appends_replaces_keeps_and_protects(tmp_path, mode):
+    """The sibling has the image (the dataset's: never taken), a and b (in the table: replaced or kept) and c."""
+    pq.write_table(pa.table({"image_key": [1], "image": [b"x"], "a": [1], "b": [2], "c": [3]}), tmp_path / "s.parquet")
+    current = pa.schema([("image_key", pa.int64()), ("a", pa.int64()), ("b", pa.int64())])
+    op = MergeFromSidecar(f"{tmp_path}/", ("image", "a", "b", "c"), mode)
+    schema, record = op.plan(current, KEYS_ONLY, "s.parquet", History())
+    assert schema.names == ["image_key", "a", "b", "c"]
+    taken = ["a", "b"] if mode == "prefer_sidecar" else []
+    assert record == StepRecord(Status.PLANNED, (*(replaced(c) for c in taken), appended("c")), None, {
+        "appended": ["c"], "replaced": taken, "kept_from_main": ["a", "b"] if not taken else [], "protected": ["image"]})
+    with storage.open_parquet(f"{tmp_path}/s.parquet") as f:
+        identity = storage.file_identity(f"{tmp_path}/s.parquet", f)
+    stream = op.stream(current, KEYS_ONLY, "s.parquet", History(), rows=1, window_rows=1)
+    stream.close()
+    assert stream.record == dataclasses.replace(record, status=Status.MERGED, input=identity) and identity
