@@ -14,6 +14,7 @@ from core_fixtures import three_ops
 from tasks import storage
 from tasks.errors import ShardError
 from tasks.ops import Input, MergeFromSidecar
+from tasks.ops.merge_from_sidecar import ColumnPlan
 from tasks.ops.lineage import History, Status, StepRecord, appended, replaced
 from tasks.verification.values import ShardValues
 
@@ -117,3 +118,32 @@ def test_a_planned_step_records_what_it_appends_replaces_keeps_and_protects(tmp_
     stream = op.stream(current, KEYS_ONLY, "s.parquet", History(), rows=1, window_rows=1)
     stream.close()
     assert stream.record == dataclasses.replace(record, status=Status.MERGED, input=identity) and identity
+
+
+SOURCE = pa.schema([("sk", pa.int64()), ("image_key", pa.int64()), ("image", pa.binary()), ("a", pa.int64()),
+                    ("c", pa.int64())])
+TABLE = pa.schema([("k", pa.int64()), ("image_key", pa.int64()), ("a", pa.int64())])
+
+
+@pytest.mark.parametrize("columns, mode, plan", [
+    (None, "prefer_sidecar", ColumnPlan(("c",), ("a",), (), ())),  # all but the keys and the image
+    (("image", "a", "c"), "fill_missing", ColumnPlan(("c",), (), ("a",), ("image",))),
+    (("image_key", "c"), "error", ColumnPlan(("c",), (), (), ("image_key",))),
+])
+def test_the_column_plan_from_footers(columns, mode, plan):
+    op = MergeFromSidecar("s3://b/s/", columns, mode, "k", "sk")
+    assert op.column_plan(TABLE, SOURCE, KEYS_ONLY) == plan
+
+
+@pytest.mark.parametrize("op, table, message", [
+    (MergeFromSidecar("p/", ("x", "a", "y"), "fill_missing", "k", "sk"), TABLE,
+     "column(s) x, y not in the source shard (it has: sk, image_key, image, a, c); check `columns` against the "
+     "score sidecar"),
+    (MergeFromSidecar("p/", None, "error", "k", "sk"), TABLE.append(pa.field("c", pa.int64())),
+     "column(s) a, c already exist in the table and mode is 'error'; use fill_missing (keep main) or "
+     "prefer_sidecar (take the sidecar's)"),
+])
+def test_columns_absent_or_in_conflict_are_all_named_in_one_line(op, table, message):
+    with pytest.raises(ShardError) as raised:
+        op.column_plan(table, SOURCE, KEYS_ONLY)
+    assert str(raised.value) == message
