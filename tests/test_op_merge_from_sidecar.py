@@ -14,8 +14,8 @@ from core_fixtures import three_ops
 from tasks import storage
 from tasks.errors import ShardError
 from tasks.ops import Input, MergeFromSidecar
-from tasks.ops.merge_from_sidecar import ColumnPlan
 from tasks.ops.lineage import History, Status, StepRecord, appended, replaced
+from tasks.ops.merge_from_sidecar import ColumnPlan
 from tasks.verification.values import ShardValues
 
 KEYS_ONLY = SimpleNamespace(key_column="image_key", image_column="image")  # not DATASET: test_operations reads that name
@@ -137,11 +137,11 @@ def test_the_column_plan_from_footers(columns, mode, plan):
 
 @pytest.mark.parametrize("op, table, message", [
     (MergeFromSidecar("p/", ("x", "a", "y"), "fill_missing", "k", "sk"), TABLE,
-     "column(s) x, y not in the source shard (it has: sk, image_key, image, a, c); check `columns` against the "
-     "score sidecar"),
+     ("column(s) x, y not in the source shard (it has: sk, image_key, image, a, c); check `columns` against the "
+      "score sidecar")),
     (MergeFromSidecar("p/", None, "error", "k", "sk"), TABLE.append(pa.field("c", pa.int64())),
-     "column(s) a, c already exist in the table and mode is 'error'; use fill_missing (keep main) or "
-     "prefer_sidecar (take the sidecar's)"),
+     ("column(s) a, c already exist in the table and mode is 'error'; use fill_missing (keep main) or "
+      "prefer_sidecar (take the sidecar's)")),
 ])
 def test_columns_absent_or_in_conflict_are_all_named_in_one_line(op, table, message):
     with pytest.raises(ShardError) as raised:
