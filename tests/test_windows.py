@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.windows import BATCH_ROWS, RowWindows, batches
+from tasks.windows import BATCH_ROWS, RowWindows, batches, window_rows
 
 GROUPS = (3, 0, 5, 1, 11)  # rows of each row group: one empty
 
@@ -119,3 +119,10 @@ def test_a_window_holds_buffers_of_about_its_own_rows(tmp_path, groups, window, 
     for _ in range(sum(groups) // window):
         taken = reader.take(window)
         assert taken.num_rows == window and taken.get_total_buffer_size() <= batches * taken.nbytes
+
+
+def test_a_window_holds_the_whole_rows_its_budget_pays_for():
+    """Rows of 1 byte: the budget's bytes in rows; and always the floor of the exact quotient (a float
+    division can round 144987.99... up to 144988)."""
+    assert window_rows(0, 1.0, 10_000) == 10_000
+    assert window_rows(0, 462.8580572185285, 64 << 20) == 144987
