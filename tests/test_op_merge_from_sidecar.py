@@ -147,3 +147,21 @@ def test_columns_absent_or_in_conflict_are_all_named_in_one_line(op, table, mess
     with pytest.raises(ShardError) as raised:
         op.column_plan(table, SOURCE, KEYS_ONLY)
     assert str(raised.value) == message
+
+
+def test_a_sibling_whose_rows_cannot_be_decoded_is_named_when_its_window_is_read(tmp_path):
+    """Its footer reads; the snappy-compressed values of its score column are overwritten."""
+    uri = f"{tmp_path}/c.parquet"
+    pq.write_table(pa.table({"image_key": list(range(100)), "s": [i * 1.37 for i in range(100)]}), uri,
+                   compression="snappy", use_dictionary=False)
+    chunk, data = pq.read_metadata(uri).row_group(0).column(1), bytearray((tmp_path / "c.parquet").read_bytes())
+    end = chunk.data_page_offset + chunk.total_compressed_size
+    data[end - 300:end - 10] = bytes(b ^ 0xFF for b in data[end - 300:end - 10])
+    (tmp_path / "c.parquet").write_bytes(bytes(data))
+    schema = pa.schema([("image_key", pa.int64())])
+    stream = MergeFromSidecar(f"{tmp_path}/", ("s",)).stream(schema, KEYS_ONLY, "c.parquet", History(), 100, 100)
+    with pytest.raises(ShardError) as raised:
+        stream.apply(pa.table({"image_key": list(range(100))}, schema=schema), 0)
+    stream.close()
+    assert str(raised.value) == (f"source shard {uri} is not a readable parquet file (Corrupt snappy compressed "
+                                 "data.); inspect the score sidecar")
