@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_streaming import REL, job_for, write
 
-from tasks import storage
+from tasks import kernel, storage
 from tasks.coltypes import ColumnType
 from tasks.config import Extension
 from tasks.errors import ShardError
@@ -245,3 +245,18 @@ def test_a_sibling_unreadable_past_its_first_windows_names_the_shard_and_the_ste
     with pytest.raises(ShardError, match=rf"^shard {REL}: operations\[0\] \(merge_from_sidecar from {root}dqm/\): "):
         merge_shard(job, REL)
     assert not storage.list_prefix(job.output_prefix).shards
+
+
+def test_a_shards_inputs_are_fetched_ahead_with_the_columns_each_step_reads(tmp_path, monkeypatch):
+    """The base without the image column, a sibling with `columns` its key and those, one without them all but the
+    image column: what fetch_inputs_ahead asks storage.fetch_ahead for, object by object."""
+    root = storage.normalize_prefix(str(tmp_path))
+    job = job_for(root, "out")
+    asked = []
+    monkeypatch.setattr(storage, "fetch_ahead", lambda uri, wanted: asked.append((uri, wanted)))
+    kernel.fetch_inputs_ahead(job, REL)
+    columns = ["key", "path", "image", "dqm", "aes"]
+    assert [(uri, [c for c in columns if wanted(c) is True]) for uri, wanted in asked] == [
+        (f"{root}base/{REL}", ["key", "path", "dqm", "aes"]),
+        (f"{root}dqm/{REL}", ["key", "dqm"]),
+        (f"{root}aes/{REL}", ["key", "path", "dqm", "aes"])]
