@@ -295,3 +295,13 @@ def test_an_aborted_upload_takes_no_more_bytes():
     with pytest.raises(OSError, match=r"^upload of s3://bucket/out/part-0.parquet has ended$"):
         upload.write(b"more")
     assert (upload.size, bytes(upload.pending)) == (4, b"PAR1")
+
+
+@pytest.mark.parametrize("info, identity", [
+    ({"ETag": '"9b2cf535f27731c974343645a3985328"', "size": 5, "type": "file"},
+     "size=5;etag=9b2cf535f27731c974343645a3985328"),
+    ({"etag": "9b2cf535f27731c974343645a3985328-2", "size": 7}, "size=7;etag=9b2cf535f27731c974343645a3985328-2"),
+    ({}, "size=0;etag="),
+], ids=["head reply", "lowercase key, multipart", "nothing known"])
+def test_an_s3_identity_is_the_size_and_the_unquoted_etag(info, identity):
+    assert s3_backend.s3_identity(info) == identity
