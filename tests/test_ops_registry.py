@@ -43,7 +43,7 @@ EXTRA = """
             return {{"type": self.type}}
 
         def stream(self, schema, dataset, relpath, history, rows, window_rows):
-            raise NotImplementedError
+            raise AssertionError("discover() registers it; no test streams it")
 """
 
 
