@@ -3,12 +3,12 @@ without the tests that run a flow on the session's Prefect API. Those take about
 every function, so one surviving mutant would cost minutes; the kernel-level tests decide in milliseconds.
 What only a flow run can reach shows as "no test reaches it" in the score (tests/mutation_score.py).
 
-mutmut runs each mutant's tests in a process forked from one that has run tests before: fsspec's event loop
-and our cached S3 filesystem are not fork-safe ("This class is not fork-safe" fails every S3 test, which
-mutmut would count as a kill), so each session starts them afresh; so are thread pools made before the fork
-(the fetch-ahead pools of tasks/storage/ahead.py: work submitted to them in the child never runs, and every
-test that fetches ahead would wait until mutmut's CPU limit, a false timeout), so they are made anew too. A mutant that allocates without end (a directory walk that never ends) meets
-an address-space limit and fails with MemoryError, a kill, instead of taking the machine's memory."""
+mutmut runs each mutant's tests in a process forked from a server that has collected them, never run one
+(pyproject.toml, process_isolation). Should anything the collection imports have started fsspec's event loop, our
+cached S3 filesystem or the fetch-ahead pools (tasks/storage/ahead.py), none of them survives a fork ("This class
+is not fork-safe" would fail every S3 test, a false kill; work sent to a pool made before the fork never runs, a
+false timeout), so each session starts them afresh. A mutant that allocates without end (a directory walk that
+never ends) meets an address-space limit and fails with MemoryError, a kill, instead of taking the machine's memory."""
 from __future__ import annotations
 
 FLOW_FIXTURES = {"prefect_api", "run"}
