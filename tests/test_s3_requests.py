@@ -172,6 +172,20 @@ def test_what_an_upload_reply_proves(reply, proven):
         assert s3_backend.stored_exactly(reply, b"payload") is proven
 
 
+def test_an_upload_reply_is_checked_on_a_fips_host(monkeypatch):
+    """On a FIPS-mode OpenSSL, MD5 is refused unless the caller declares it is not used for security (Python's
+    `usedforsecurity=False`, read by its truth value). The ETag check declares it, so it works there too."""
+    md5 = hashlib.md5
+
+    def fips_md5(data=b"", *, usedforsecurity=True):
+        if usedforsecurity:
+            raise ValueError("[digital envelope routines] unsupported: MD5 is disabled for security in FIPS mode")
+        return md5(data, usedforsecurity=False)
+
+    monkeypatch.setattr(hashlib, "md5", fips_md5)
+    assert s3_backend.stored_exactly({"ETag": f'"{MD5}"'}, b"payload") is True
+
+
 def test_an_unproven_upload_is_read_back_by_the_check(tmp_path, s3_root, proxied, monkeypatch):
     """Where S3's reply proves nothing (SSE-KMS ETags, no checksum), the post-write check reads the output back
     (footer and key column), as it did before the payload was kept: opened with the size it wrote, no HEAD."""

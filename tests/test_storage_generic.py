@@ -205,6 +205,13 @@ def test_an_entry_identity_is_its_size_and_every_version_field_given():
     assert [storage.entry_identity(e) for e in ({}, {"size": None}, {"size": 0})] == ["size=0"] * 3
 
 
+def test_the_listing_of_a_missing_prefix_names_it_and_says_it_does_not_exist(tmp_path):
+    prefix = str(tmp_path / "never-made") + "/"
+    listing = storage.list_prefix(prefix)
+    assert listing == storage.Listing(prefix, {}, (), exists=False)
+    assert listing.exists is False
+
+
 def test_a_memory_write_hands_back_the_bytes_stored():
     """The default write stores the whole payload with one put and hands it back: the check reads nothing."""
     uri = f"memory://payload-test-{uuid.uuid4().hex[:12]}/{REL}"

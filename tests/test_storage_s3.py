@@ -230,6 +230,20 @@ def test_a_multipart_upload_sends_a_crc32_with_every_part_and_names_them_in_the_
             for n, (md5, part) in enumerate(zip(md5s, parts, strict=True), 1)) + "</CompleteMultipartUpload>")
 
 
+def test_a_single_put_sends_a_crc32_even_where_botocore_adds_none_of_its_own(s3_root, proxied, monkeypatch):  # noqa: F811
+    """A payload under the multipart threshold goes up as one PutObject that carries the CRC32 of its body, which
+    S3 checks, also where the user's configuration asks botocore for no checksum it is not required to send."""
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+    proxy = proxied()
+    data = os.urandom(300)
+    uri = s3_root + "out/part-0.parquet"
+    assert s3_backend.S3Backend().write_parquet(lambda sink: sink.write(data), uri).size == len(data)
+    puts = [h for op, h, _ in proxy.sent if op == "PutObject"]
+    assert [(h.get("x-amz-sdk-checksum-algorithm"), h.get("x-amz-checksum-crc32")) for h in puts] == [
+        ("CRC32", crc32(data))]
+    assert storage._s3().cat_file(uri[len("s3://"):]) == data
+
+
 def test_a_write_abandoned_while_its_upload_is_being_created_sends_no_part(s3_root, moto_endpoint, proxied,  # noqa: F811
                                                                           three_parts):
     """abandon_writes() comes while CreateMultipartUpload is in flight (held at the proxy): there is no upload id
@@ -295,6 +309,18 @@ def test_an_aborted_upload_takes_no_more_bytes():
     with pytest.raises(OSError, match=r"^upload of s3://bucket/out/part-0.parquet has ended$"):
         upload.write(b"more")
     assert (upload.size, bytes(upload.pending)) == (4, b"PAR1")
+
+
+def test_a_finished_upload_takes_no_more_bytes(s3_root):
+    """After finish, a late write (a footer written after the object was stored) fails at once instead of being
+    buffered for an upload that will never send it: the object stays what finish stored."""
+    bucket = s3_root[len("s3://"):].rstrip("/")
+    upload = s3_backend.Upload(storage._s3(), bucket, "out/part-0.parquet")
+    upload.write(b"PAR1")
+    assert upload.finish().size == 4
+    with pytest.raises(OSError, match=r"^upload of s3://.*/out/part-0.parquet has ended$"):
+        upload.write(b"more")
+    assert storage._s3().cat_file(f"{bucket}/out/part-0.parquet") == b"PAR1"
 
 
 @pytest.mark.parametrize("info, identity", [
