@@ -212,6 +212,26 @@ def test_the_listing_of_a_missing_prefix_names_it_and_says_it_does_not_exist(tmp
     assert listing.exists is False
 
 
+def test_an_unsafe_relpath_is_refused_with_what_to_do():
+    with pytest.raises(ValueError) as refused:
+        storage.check_relpath("a/../../b.parquet")
+    assert str(refused.value) == ("unsafe shard path 'a/../../b.parquet': absolute, or with empty, '.' or '..' "
+                                  "segments (it could escape its prefix); rename the object")
+
+
+def test_a_size_given_opens_the_object_as_it_is_whatever_the_listing_said(tmp_path):
+    """The caller that knows the size (the post-write check, of the output it just wrote) reads the object as it
+    is now; a listing taken before (which had it absent) decides only for a caller without one."""
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"k": [1, 2]}), path)
+    uri = str(path)
+    with storage.listed({uri: storage.ABSENT}):
+        with pytest.raises(FileNotFoundError, match="not in the listing"):
+            storage.open_parquet(uri)
+        with storage.open_parquet(uri, path.stat().st_size) as f:
+            assert pq.read_table(f).column("k").to_pylist() == [1, 2]
+
+
 def test_a_memory_write_hands_back_the_bytes_stored():
     """The default write stores the whole payload with one put and hands it back: the check reads nothing."""
     uri = f"memory://payload-test-{uuid.uuid4().hex[:12]}/{REL}"

@@ -230,6 +230,35 @@ def test_a_multipart_upload_sends_a_crc32_with_every_part_and_names_them_in_the_
             for n, (md5, part) in enumerate(zip(md5s, parts, strict=True), 1)) + "</CompleteMultipartUpload>")
 
 
+def test_a_multipart_upload_hands_back_its_payload_only_when_asked_to_keep_it(s3_root, three_parts):
+    """Keeping every byte of a large object costs its size in memory: write_parquet keeps them only when asked
+    (`keep`, its default), an Upload by default. Unkept, the payload is None and the check reads the object back."""
+    data = three_parts
+    for keep in (True, False):
+        written = s3_backend.S3Backend().write_parquet(
+            lambda sink: [sink.write(data[i:i + 400]) for i in range(0, len(data), 400)],
+            f"{s3_root}out/{keep}.parquet", keep=keep)
+        assert (written.size, written.payload is not None) == (len(data), keep)
+        if keep:
+            assert written.payload.to_pybytes() == data, "every write is kept, not only the last"
+
+
+@pytest.mark.timeout(30)  # a loop that sends parts without end fails here, not at the suite's deadline
+def test_an_upload_starts_at_the_threshold_and_each_part_leaves_as_it_fills(s3_root, three_parts):
+    """One PUT while the bytes stay under MULTIPART_THRESHOLD (1,000 here); at the threshold the multipart upload
+    starts, and every full part (600 here) leaves at once, so at most a part is held: the object is every byte."""
+    data = three_parts
+    bucket = s3_root[len("s3://"):].rstrip("/")
+    upload = s3_backend.Upload(storage._s3(), bucket, "out/part-0.parquet")
+    held = []
+    for end in (999, 1000, 1200, 1500):
+        upload.write(data[upload.size:end])
+        held.append((upload.upload is not None, [p["PartNumber"] for p in upload.parts], len(upload.pending)))
+    assert held == [(False, [], 999), (True, [1], 400), (True, [1, 2], 0), (True, [1, 2], 300)]
+    assert upload.finish().payload.to_pybytes() == data  # an Upload keeps its bytes by default
+    assert storage._s3().cat_file(f"{bucket}/out/part-0.parquet") == data
+
+
 def test_a_single_put_sends_a_crc32_even_where_botocore_adds_none_of_its_own(s3_root, proxied, monkeypatch):  # noqa: F811
     """A payload under the multipart threshold goes up as one PutObject that carries the CRC32 of its body, which
     S3 checks, also where the user's configuration asks botocore for no checksum it is not required to send."""
