@@ -335,6 +335,16 @@ def test_prefix_normalisation(given, expected):
     assert normalize_prefix(given) == expected
 
 
+@pytest.mark.parametrize("given, message", [
+    ("  ", "empty prefix; expected s3://bucket/path/, file:///abs/path/, or a local path"),
+    ("s3:///path", "'s3:///path' has no bucket; expected s3://bucket/path/, file:///abs/path/, or a local path"),
+])
+def test_a_prefix_that_names_nothing_is_refused_with_what_is_accepted(given, message):
+    with pytest.raises(ValueError) as refused:
+        normalize_prefix(given)
+    assert str(refused.value) == message
+
+
 def test_relative_prefixes_are_made_absolute(here):
     pipe = load_both(here, dataset=DATASET.replace("s3://bucket/base/", "data/base"))
     assert pipe.dataset.main_prefix == str(here / "data/base") + "/"

@@ -320,6 +320,22 @@ def test_an_s3_identity_is_parsed_back_to_its_size_and_etag_only(identity, parse
     assert s3_backend.parse_identity(identity) == parsed
 
 
+def test_a_listed_object_is_opened_as_listed_with_no_head(s3_root, proxied):  # noqa: F811
+    """Under `listed`, an object not fetched ahead is opened with the size and ETag its listing gave: no HEAD,
+    and its identity is the listed one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    uri = s3_root + "in/part-0.parquet"
+    storage.write_atomic(pa.table({"k": [1, 2]}), uri)
+    identity = storage.list_prefix(s3_root + "in/").ids["part-0.parquet"]
+    proxy = proxied()
+    with storage.listed({uri: identity}), storage.open_parquet(uri) as f:
+        assert pq.read_table(f).column("k").to_pylist() == [1, 2]
+        assert storage.file_identity(uri, f) == identity
+    assert [op for op, *_ in proxy.log if op == "HeadObject"] == []
+
+
 def test_an_object_listed_with_no_s3_identity_is_opened_as_usual(s3_root):
     """open_listed with an identity that names no size and ETag (another backend's, or none) opens the object
     with a HEAD, as open_parquet does: the bytes read are the object's."""
