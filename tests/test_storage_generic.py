@@ -212,6 +212,13 @@ def test_the_listing_of_a_missing_prefix_names_it_and_says_it_does_not_exist(tmp
     assert listing.exists is False
 
 
+def test_the_columns_worth_a_dictionary_are_the_leaves_by_dotted_path_but_keys_and_floats():
+    schema = pa.schema([("id", pa.string()), ("label", pa.string()), ("score", pa.float32()),
+                        ("dqm", pa.struct([("grade", pa.string()), ("raw", pa.float64()),
+                                           ("meta", pa.struct([("model", pa.string())]))]))])
+    assert storage.dictionary_columns(schema, plain=["id"]) == ["label", "dqm.grade", "dqm.meta.model"]
+
+
 def test_an_unsafe_relpath_is_refused_with_what_to_do():
     with pytest.raises(ValueError) as refused:
         storage.check_relpath("a/../../b.parquet")

@@ -243,6 +243,17 @@ def test_a_multipart_upload_hands_back_its_payload_only_when_asked_to_keep_it(s3
             assert written.payload.to_pybytes() == data, "every write is kept, not only the last"
 
 
+def test_write_atomic_hands_back_a_large_object_it_proved(s3_root, three_parts):
+    """write_atomic (the whole table at once) keeps the payload of a multipart upload too: the check reads
+    nothing back."""
+    import pyarrow as pa
+
+    table = pa.table({"k": list(range(400))})
+    written = storage.write_atomic(table, s3_root + "out/part-0.parquet")
+    assert written.size > s3_backend.MULTIPART_THRESHOLD
+    assert written.payload.to_pybytes() == storage._s3().cat_file(f"{s3_root[len('s3://'):]}out/part-0.parquet")
+
+
 @pytest.mark.timeout(30)  # a loop that sends parts without end fails here, not at the suite's deadline
 def test_an_upload_starts_at_the_threshold_and_each_part_leaves_as_it_fills(s3_root, three_parts):
     """One PUT while the bytes stay under MULTIPART_THRESHOLD (1,000 here); at the threshold the multipart upload
