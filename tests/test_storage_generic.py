@@ -219,6 +219,14 @@ def test_the_columns_worth_a_dictionary_are_the_leaves_by_dotted_path_but_keys_a
     assert storage.dictionary_columns(schema, plain=["id"]) == ["label", "dqm.grade", "dqm.meta.model"]
 
 
+def test_no_window_at_all_is_refused_and_nothing_is_written(tmp_path):
+    uri = str(tmp_path / "part-0.parquet")
+    with pytest.raises(ValueError) as refused:
+        storage.write_windows(iter(()), uri)
+    assert str(refused.value) == f"nothing to write to {uri}: no window of rows, not even an empty one"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_unsafe_relpath_is_refused_with_what_to_do():
     with pytest.raises(ValueError) as refused:
         storage.check_relpath("a/../../b.parquet")

@@ -243,7 +243,7 @@ def test_a_multipart_upload_hands_back_its_payload_only_when_asked_to_keep_it(s3
             assert written.payload.to_pybytes() == data, "every write is kept, not only the last"
 
 
-def test_write_atomic_hands_back_a_large_object_it_proved(s3_root, three_parts):
+def test_write_atomic_hands_back_a_large_object_it_proved_and_write_windows_only_when_asked(s3_root, three_parts):
     """write_atomic (the whole table at once) keeps the payload of a multipart upload too: the check reads
     nothing back."""
     import pyarrow as pa
@@ -252,6 +252,54 @@ def test_write_atomic_hands_back_a_large_object_it_proved(s3_root, three_parts):
     written = storage.write_atomic(table, s3_root + "out/part-0.parquet")
     assert written.size > s3_backend.MULTIPART_THRESHOLD
     assert written.payload.to_pybytes() == storage._s3().cat_file(f"{s3_root[len('s3://'):]}out/part-0.parquet")
+    streamed = storage.write_windows([table], s3_root + "out/part-1.parquet")  # the merge's writes: streamed,
+    assert streamed.size == written.size and streamed.payload is None          # not held unless asked
+
+
+def test_a_close_that_fails_after_a_failed_window_does_not_hide_the_first_error(s3_root, moto_endpoint, proxied,  # noqa: F811
+                                                                                  three_parts, monkeypatch):
+    """The next window fails; closing the writer on the way out then fails too (its footer starts the multipart
+    upload here, and the store refuses the part). The error told is the window's, and no upload is left."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"k": list(range(100))})
+    sink = pa.BufferOutputStream()  # the bytes the writer hands over before its footer: the same writer's
+    writer = pq.ParquetWriter(sink, table.schema, compression="zstd",
+                              use_dictionary=storage.dictionary_columns(table.schema, ()))
+    writer.write_table(table)
+    monkeypatch.setattr(s3_backend, "MULTIPART_THRESHOLD", sink.tell() + 1)  # only the footer crosses it
+    writer.close()
+    proxied(rate=1.0, faults=(DENIED,), applies=lambda op: op == "UploadPart")
+
+    def windows():
+        yield table
+        raise RuntimeError("the next window failed")
+
+    with pytest.raises(RuntimeError, match="^the next window failed$"):
+        storage.write_windows(windows(), s3_root + "out/part-0.parquet")
+    assert pending_uploads(moto_endpoint, s3_root) == []
+
+
+def test_a_window_that_fails_closes_the_writer_before_the_error_is_told(tmp_path, monkeypatch):
+    """When reading the next window fails, the writer is closed there and then: no ParquetWriter is left for the
+    garbage collector to close onto a sink already gone ("Exception ignored ... closed file" on stderr)."""
+    import gc
+    import sys
+
+    import pyarrow as pa
+
+    ignored = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: ignored.append(unraisable.exc_value))
+
+    def windows():
+        yield pa.table({"k": list(range(100))})
+        raise RuntimeError("the next window failed")
+
+    with pytest.raises(RuntimeError, match="the next window failed"):
+        storage.write_windows(windows(), str(tmp_path / "part-0.parquet"))
+    gc.collect()
+    assert ignored == [] and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.timeout(30)  # a loop that sends parts without end fails here, not at the suite's deadline
