@@ -11,14 +11,6 @@ false timeout), so each session starts them afresh. A mutant that allocates with
 never ends) meets an address-space limit and fails with MemoryError, a kill, instead of taking the machine's memory."""
 from __future__ import annotations
 
-import os
-
-# jemalloc (the pool tasks/windows.py picks) starts a background thread that purges freed memory, and a fork does
-# not copy it. Forked from a server where it ran, a mutant's process now and then crashed with SIGSEGV (one that
-# passes its 270 tests in a fresh process): the likeliest cause, so the mutation runs go without it. jemalloc
-# reads this when it first allocates.
-os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
-
 FLOW_FIXTURES = {"prefect_api", "run"}
 ADDRESS_SPACE = 8 << 30
 
