@@ -11,11 +11,29 @@ false timeout), so each session starts them afresh. A mutant that allocates with
 never ends) meets an address-space limit and fails with MemoryError, a kill, instead of taking the machine's memory."""
 from __future__ import annotations
 
+import faulthandler
+import os
+import signal
+from pathlib import Path
+
 FLOW_FIXTURES = {"prefect_api", "run"}
 ADDRESS_SPACE = 8 << 30
+# mutmut sends a mutant's output to /dev/null: a process that crashes (SIGSEGV, SIGABRT) or that mutmut stops at
+# its time limit (SIGXCPU) would leave no trace. Its Python stacks go to faults/<mutant name>.txt under mutmut's
+# working folder (mutants/) instead; the file is removed when the session ends, so one is left only by a crash or
+# a timeout (tests/mutation_score.py names it).
+FAULTS = Path("faults")
+_trace: list = []
 
 
 def pytest_sessionstart(session):
+    mutant = os.environ.get("MUTANT_UNDER_TEST")
+    if mutant:
+        FAULTS.mkdir(exist_ok=True)
+        _trace.append(open(FAULTS / f"{mutant}.txt", "w"))  # noqa: SIM115 (open until the session ends)
+        faulthandler.enable(_trace[-1], all_threads=True)
+        faulthandler.register(signal.SIGXCPU, _trace[-1], all_threads=True, chain=True)
+
     import resource
 
     import fsspec.asyn
@@ -28,6 +46,15 @@ def pytest_sessionstart(session):
     s3._s3.cache_clear()
     ahead._pools.cache_clear()
     ahead._waiting.clear()
+
+
+def pytest_sessionfinish(session):
+    while _trace:
+        faulthandler.disable()
+        faulthandler.unregister(signal.SIGXCPU)
+        trace = _trace.pop()
+        trace.close()
+        os.unlink(trace.name)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,7 +2,16 @@
 mutant of a module mutmut mutates, in the file of that module (tests/mutation_score.py, `make mutate`)."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import mutation_score
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def dotted(module: str) -> str:
@@ -49,3 +58,38 @@ def test_a_triage_line_names_a_verdict_it_knows(tmp_path, capsys):
         assert "tasks.plan.txt:1: expected" in str(exc) and "hard-to-test" in str(exc)
     else:
         raise AssertionError("an unknown verdict was accepted")
+
+
+@pytest.mark.slow
+def test_a_mutant_process_that_crashes_leaves_its_stacks_and_the_score_names_them(tmp_path, capsys):
+    """mutmut sends a mutant's output to /dev/null; the mutation tier writes the Python stacks of a process that
+    crashes or meets mutmut's time limit (SIGXCPU) to mutants/faults/<mutant>.txt, removes the file of one that
+    ends, and the score points at it."""
+    mutants = tmp_path / "mutants"
+    (mutants / "tests").mkdir(parents=True)
+    (mutants / "tests" / "test_mutant.py").write_text(
+        "import faulthandler\n\n\ndef test_ends():\n    pass\n\n\n"
+        "def test_crashes_in_c():\n    faulthandler._sigsegv()\n\n\n"
+        "def test_meets_the_cpu_limit():\n    import os, signal\n    os.kill(os.getpid(), signal.SIGXCPU)\n")
+
+    def run(mutant: str, test: str) -> int:
+        env = {**os.environ, "MUTANT_UNDER_TEST": mutant, "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{ROOT}"}
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutation_tier",
+                               f"tests/test_mutant.py::{test}"], cwd=mutants, env=env, capture_output=True).returncode
+
+    crashed, ended = "tasks.windows.x_window_rows__mutmut_1", "tasks.windows.x_window_rows__mutmut_2"
+    assert run(ended, "test_ends") == 0
+    assert run(crashed, "test_crashes_in_c") == -11
+    timed_out = "tasks.windows.x_window_rows__mutmut_3"
+    assert run(timed_out, "test_meets_the_cpu_limit") == -24
+    trace = mutants / "faults" / f"{crashed}.txt"
+    assert sorted(p.name for p in trace.parent.iterdir()) == sorted([trace.name, f"{timed_out}.txt"])
+    assert "Segmentation fault" in trace.read_text() and "test_crashes_in_c" in trace.read_text()
+    assert "test_meets_the_cpu_limit" in (trace.parent / f"{timed_out}.txt").read_text()
+
+    (mutants / "tasks").mkdir()
+    (mutants / "tasks" / "windows.py.meta").write_text(json.dumps({"exit_code_by_key": {crashed: -11, ended: 1}}))
+    capsys.readouterr()
+    mutation_score.main(["--mutants", str(mutants)])
+    assert f"untriaged: {crashed} (timed out or crashed (-11))   (mutmut show {crashed}); its stacks: {trace}\n" \
+        in capsys.readouterr().out
