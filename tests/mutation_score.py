@@ -190,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows)
     print(text)
     for name in untriaged:
-        trace = args.mutants / "faults" / f"{name.split()[0]}.txt"  # a crash's stacks (tests/mutation_tier.py)
-        print(f"untriaged: {name}   (mutmut show {name.split()[0]})" + (f"; its stacks: {trace}" if trace.exists() else ""))
+        mutant = name.split()[0]
+        trace = args.mutants / "faults" / f"{mutant}.txt"  # a crash's or a timeout's stacks (tests/mutation_tier.py)
+        print(f"untriaged: {name}   (mutmut show {mutant})" + (f"; its stacks: {trace}" if trace.exists() else ""))
     for name in stale:
         print(f"stale triage line (no longer a survivor): {name}")
     if args.write_doc:

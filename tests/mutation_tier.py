@@ -23,16 +23,17 @@ ADDRESS_SPACE = 8 << 30
 # working folder (mutants/) instead; the file is removed when the session ends, so one is left only by a crash or
 # a timeout (tests/mutation_score.py names it).
 FAULTS = Path("faults")
-_trace: list = []
+_trace = None  # the open stacks file of this session's mutant
 
 
 def pytest_sessionstart(session):
+    global _trace
     mutant = os.environ.get("MUTANT_UNDER_TEST")
     if mutant:
         FAULTS.mkdir(exist_ok=True)
-        _trace.append(open(FAULTS / f"{mutant}.txt", "w"))  # noqa: SIM115 (open until the session ends)
-        faulthandler.enable(_trace[-1], all_threads=True)
-        faulthandler.register(signal.SIGXCPU, _trace[-1], all_threads=True, chain=True)
+        _trace = open(FAULTS / f"{mutant}.txt", "w")  # noqa: SIM115 (open until the session ends)
+        faulthandler.enable(_trace, all_threads=True)
+        faulthandler.register(signal.SIGXCPU, _trace, all_threads=True, chain=True)
 
     import resource
 
@@ -49,12 +50,13 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session):
-    while _trace:
+    global _trace
+    if _trace is not None:
         faulthandler.disable()
         faulthandler.unregister(signal.SIGXCPU)
-        trace = _trace.pop()
-        trace.close()
-        os.unlink(trace.name)
+        _trace.close()
+        os.unlink(_trace.name)
+        _trace = None
 
 
 def pytest_collection_modifyitems(config, items):
