@@ -5,16 +5,20 @@ real `Initiated`, pages of uploads)."""
 from __future__ import annotations
 
 import base64
+import gc
 import hashlib
 import logging
 import os
 import re
+import sys
 import threading
 import time
 import types
 import zlib
 from datetime import UTC, datetime
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from faultproxy import DENIED, Hold, proxied  # noqa: F401 (a fixture)
 from reliability_fixtures import allow_small_parts, pending_uploads
@@ -246,8 +250,6 @@ def test_a_multipart_upload_hands_back_its_payload_only_when_asked_to_keep_it(s3
 def test_write_atomic_hands_back_a_large_object_it_proved_and_write_windows_only_when_asked(s3_root, three_parts):
     """write_atomic (the whole table at once) keeps the payload of a multipart upload too: the check reads
     nothing back."""
-    import pyarrow as pa
-
     table = pa.table({"k": list(range(400))})
     written = storage.write_atomic(table, s3_root + "out/part-0.parquet")
     assert written.size > s3_backend.MULTIPART_THRESHOLD
@@ -260,9 +262,6 @@ def test_a_close_that_fails_after_a_failed_window_does_not_hide_the_first_error(
                                                                                   three_parts, monkeypatch):
     """The next window fails; closing the writer on the way out then fails too (its footer starts the multipart
     upload here, and the store refuses the part). The error told is the window's, and no upload is left."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     table = pa.table({"k": list(range(100))})
     sink = pa.BufferOutputStream()  # the bytes the writer hands over before its footer: the same writer's
     writer = pq.ParquetWriter(sink, table.schema, compression="zstd",
@@ -284,11 +283,6 @@ def test_a_close_that_fails_after_a_failed_window_does_not_hide_the_first_error(
 def test_a_window_that_fails_closes_the_writer_before_the_error_is_told(tmp_path, monkeypatch):
     """When reading the next window fails, the writer is closed there and then: no ParquetWriter is left for the
     garbage collector to close onto a sink already gone ("Exception ignored ... closed file" on stderr)."""
-    import gc
-    import sys
-
-    import pyarrow as pa
-
     ignored = []
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: ignored.append(unraisable.exc_value))
 
@@ -382,9 +376,6 @@ def test_an_s3_identity_is_parsed_back_to_its_size_and_etag_only(identity, parse
 def test_a_listed_object_is_opened_as_listed_with_no_head(s3_root, proxied):  # noqa: F811
     """Under `listed`, an object not fetched ahead is opened with the size and ETag its listing gave: no HEAD,
     and its identity is the listed one."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     uri = s3_root + "in/part-0.parquet"
     storage.write_atomic(pa.table({"k": [1, 2]}), uri)
     identity = storage.list_prefix(s3_root + "in/").ids["part-0.parquet"]
