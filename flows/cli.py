@@ -82,6 +82,9 @@ def parser() -> argparse.ArgumentParser:
                      f"how long shards in flight may take to finish before they are abandoned (default "
                      f"{DEFAULT_GRACE:g}, at most {MAX_GRACE:g}: no shard needs a day, and no scheduler waits that "
                      "long before killing); a second signal abandons them at once")
+    run.add_argument("--recompress", choices=["zstd"], default=None, help="decode every column and encode it "
+                     "again as zstd (the decode path); by default the base's and the siblings' column chunks are "
+                     "copied as bytes, in their codec, and only the keys are decoded (docs/architecture.md)")
     run.add_argument("--retries", type=int, default=1, help="retries per shard task on I/O errors (default 1)")
     layout = run.add_mutually_exclusive_group()
     layout.add_argument("--fuse-operations", dest="fuse_operations", action="store_true", default=True,
@@ -121,7 +124,8 @@ def run_config(args, command: str):
                             overwrite=args.overwrite, fail_fast=args.fail_fast, retries=args.retries,
                             fuse_operations=args.fuse_operations, overwrite_before=args.overwrite_before,
                             continue_overwrite=args.continue_overwrite,
-                            grace_seconds=grace_seconds(args.grace_seconds), window_mib=args.window_mib)
+                            grace_seconds=grace_seconds(args.grace_seconds), window_mib=args.window_mib,
+                            recompress=args.recompress)
     if config.new_output:
         print(f"NOTE: no --output-prefix given; writing to a NEW prefix {config.output_prefix}\n"
               f"      (sidecar_prefix in the YAML is {config.pipeline.dataset.sidecar_prefix}; pass --output-prefix "

@@ -168,5 +168,5 @@ def run_verify(start: Start, json_path: str | None = None) -> int:
 COMMON_PARAMETERS = ("pipeline", "output_prefix", "datasets_dir", "use_ray", "ray_address", "task_cpus",
                      "task_memory_gb", "max_inflight", "debug", "window_mib")
 MERGE_PARAMETERS = (*COMMON_PARAMETERS, "overwrite", "overwrite_before", "fail_fast", "retries", "fuse_operations",
-                    "grace_seconds", "continue_overwrite")
+                    "grace_seconds", "continue_overwrite", "recompress")
 VERIFY_PARAMETERS = (*COMMON_PARAMETERS, "samples", "all_shards", "seed")

@@ -101,18 +101,20 @@ def merge_flow(pipeline: str, output_prefix: str, overwrite: bool = False,
                task_cpus: float | None = None, task_memory_gb: float | None = None,
                fuse_operations: bool = True, debug: bool = False, max_workers: int | None = None,
                overwrite_before: str | None = None, grace_seconds: float = DEFAULT_GRACE,
-               continue_overwrite: str | None = None, window_mib: float | None = None) -> Summary:
+               continue_overwrite: str | None = None, window_mib: float | None = None,
+               recompress: str | None = None) -> Summary:
     """Merge every shard of PIPELINE's base sidecar with its score sidecars into `output_prefix`.
     `overwrite` recomputes every shard; otherwise complete outputs are kept (resume). `continue_overwrite`
     (the id an interrupted overwrite's summary prints) keeps the outputs that overwrite wrote and recomputes
     every other one. `overwrite_before` (an ISO time) recomputes only outputs written by runs started before
-    it (by the clocks of the machines that ran them)."""
+    it (by the clocks of the machines that ran them). `recompress` "zstd" decodes and encodes every column
+    (else column chunks are copied as bytes where a shard allows it)."""
     runner = RunnerChoice(use_ray, ray_address, task_cpus, task_memory_gb, max_workers, debug)
     config = RunConfig.load(pipeline, output_prefix, datasets_dir, writes=True, runner=runner,
                             max_inflight=max_inflight, overwrite=overwrite, fail_fast=fail_fast, retries=retries,
                             fuse_operations=fuse_operations, overwrite_before=overwrite_before,
                             grace_seconds=grace_seconds, continue_overwrite=continue_overwrite,
-                            window_mib=window_mib)
+                            window_mib=window_mib, recompress=recompress)
     return merge(config)
 
 
@@ -135,7 +137,7 @@ def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
     start = time.monotonic()
     started, this_run = now_utc(), run_id()
     job = Job(config.pipeline, config.output_prefix, run_id=this_run, started=started,
-              fetch_ahead=steps_share_a_process(config), **config.window_bytes,
+              fetch_ahead=steps_share_a_process(config), **config.window_bytes, recompress=config.recompress or "",
               **overwrite_fields(config.overwrite, this_run, config.continue_overwrite, config.overwrite_before))
     with stop.nothing_written():  # a signal while planning ends the run at once
         plan = make_plan(job, overwrite=config.overwrite, listings=list_prefixes(job))

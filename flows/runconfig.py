@@ -58,6 +58,7 @@ class RunConfig:
     retries: int = DEFAULT_RETRIES
     fuse_operations: bool = True     # one task per shard (streamed); False: a chain of one task per operation
     window_mib: float | None = None  # a shard task's window budget in MiB (None: tasks.windows.WINDOW_BYTES)
+    recompress: str | None = None    # "zstd": every column decoded and encoded again; None: chunks copied
     # verify
     samples: int = DEFAULT_SAMPLES
     all_shards: bool = False
@@ -92,6 +93,8 @@ class RunConfig:
         mib = config.window_mib
         if mib is not None and not (isinstance(mib, (int, float)) and math.isfinite(mib) and 1 <= mib <= MAX_WINDOW_MIB):
             raise ConfigError(f"--window-mib must be a number of MiB from 1 to {MAX_WINDOW_MIB}, got {mib}")
+        if config.recompress not in (None, "", "zstd"):
+            raise ConfigError(f"--recompress must be zstd (or omitted: chunks copied), got {config.recompress!r}")
         return config
 
     @property
@@ -109,7 +112,8 @@ class RunConfig:
                   "continue_overwrite": self.continue_overwrite,
                   "fail_fast": self.fail_fast, "grace_seconds": self.grace_seconds,
                   "retries": self.retries, "fuse_operations": self.fuse_operations, "samples": self.samples,
-                  "all_shards": self.all_shards, "seed": self.seed, "window_mib": self.window_mib}
+                  "all_shards": self.all_shards, "seed": self.seed, "window_mib": self.window_mib,
+                  "recompress": self.recompress}
         return {name: values[name] for name in names}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks import storage
+from tasks import chunkcopy, storage
 from tasks.config import Pipeline
 from tasks.errors import ShardError
 from tasks.ops import History, Status, provenance_record
@@ -30,6 +31,8 @@ from tasks.ops.base import StepStream
 from tasks.parquet_errors import unreadable_parquet
 from tasks.windows import (PROBE_ROWS, WINDOW_BYTES, RowWindows, batches, parquet_file, use_returning_memory_pool,
                            window_rows)
+
+log = logging.getLogger(__name__)
 
 PROVENANCE_KEY = b"sidecar_ops"
 # Bump whenever the kernel's output for the same inputs and pipeline would change (column order, types, encoding
@@ -65,6 +68,8 @@ class Job:
     fetch_ahead: bool = True  # the shard's first step fetches every input at once (its later steps run in the
                               # same process: one thread pool, or one fused task)
     window_bytes: int = WINDOW_BYTES  # the streaming merge's budget: decoded bytes of a window of merged rows
+    recompress: str = ""  # "zstd": every column decoded and encoded again (the decode path); "": chunks copied
+                          # as bytes where the shard allows it (tasks/chunkcopy.py), the base's codec kept
 
     def kept_by_overwrite(self, prov: dict) -> bool:
         """Whether an existing output (its provenance) counts as done in an overwrite run: written by this
@@ -133,6 +138,7 @@ class ShardStats:
     skipped_ops: int = 0
     seconds: float = 0.0
     input_key: str = ""  # the key the stored output recorded (shard_key of the inputs it was made from)
+    path: str = ""       # how it was made: "copy" (column chunks copied as bytes) or "decode"
 
 
 # Failures that come back the same on every attempt: not worth a retry.
@@ -252,7 +258,7 @@ def store_output(job: Job, relpath: str, state: ShardState) -> tuple[ShardStats,
                                        row_group_size=state.row_group_size, plain=job.key_columns)
     except Exception as exc:
         raise _fail(relpath, f"writing {job.output_uri(relpath)}", exc) from exc
-    return ShardStats(relpath, table.num_rows, written.size, skipped), written
+    return ShardStats(relpath, table.num_rows, written.size, skipped, path="decode"), written
 
 
 def skipped_steps(provenance_ops: list[dict]) -> int:
@@ -282,6 +288,7 @@ class OpenShard:
     compared), no row decoded yet: stream_output reads, merges and writes it one window of rows at a time."""
 
     base: RowWindows
+    file: object  # the base's open file (the copy path copies its chunks)
     base_input: str
     natural_rows: int  # the base's largest row group (0 when empty): windows follow it when it fits the budget
     streams: list[StepStream]  # each operation's step over the shard, opened
@@ -290,6 +297,11 @@ class OpenShard:
     @property
     def rows(self) -> int:
         return self.base.rows
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The output's Arrow schema (before its metadata is set)."""
+        return self.streams[-1].schema if self.streams else self.base.schema
 
     def inputs(self) -> dict:
         return shard_inputs(self.base_input, [r.get("input") for r in self.provenance_ops])
@@ -336,18 +348,54 @@ def open_shard(job: Job, relpath: str, stack: ExitStack) -> OpenShard:
         streams.append(stream)
         provenance_ops.append(provenance_record(op, stream.record))
         schema = stream.schema
-    return OpenShard(base, identity, natural, streams, provenance_ops)
+    return OpenShard(base, f, identity, natural, streams, provenance_ops)
 
 
 def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
-    """Read, merge and write the shard a window at a time, each window one row group of the output, then check
-    what was stored (check_written) against the base's keys, read again from the same open base file (the same
-    bytes, a batch at a time: nothing held for the whole shard). The first PROBE_ROWS rows are merged first
-    and measured: the window holds the base's row group if that fits in job.window_bytes, else as many rows as
-    fit. The output is published only once every window has passed every step; after a failed window the rest
-    are still read, so the error counts every bad row."""
+    """The opened shard merged and written: by copying column chunks where every step allows it (copy_output),
+    else by decoding (decode_output); then checked (check_written) against the base's keys, read again from the
+    same open base file (the same bytes, a batch at a time: nothing held for the whole shard)."""
     uri, key = job.output_uri(relpath), job.pipeline.dataset.key_column
+    plan = None
+    if not job.recompress:
+        try:
+            plan = chunkcopy.plan(shard.file, shard.base.file, shard.base.schema.names, shard.streams, shard.schema)
+        except (chunkcopy.NotCopyable, ValueError) as why:
+            log.info("shard %s: decoding every column (%s)", relpath, why)
+    stats, payload, schema = (decode_output(job, relpath, shard, uri) if plan is None
+                              else copy_output(job, relpath, shard, plan, uri))
+    keys = shard.base.reread(key) if key in shard.base.schema.names else None
+    return check_written(job, relpath, stats, payload, keys, schema)
+
+
+def copy_output(job: Job, relpath: str, shard: OpenShard, plan: chunkcopy.Plan,
+                uri: str) -> tuple[ShardStats, pa.Buffer | None, pa.Schema]:
+    """The copy path: every step's keys compared, a batch at a time (nothing is written if one differs), then
+    the output written of the inputs' chunks (tasks/chunkcopy.py)."""
     skipped = skipped_steps(shard.provenance_ops)
+
+    def step_failed(index: int, exc: BaseException) -> ShardError:
+        return _fail(relpath, f"operations[{index}] ({job.pipeline.operations[index].describe()})", exc)
+
+    chunkcopy.check_steps(plan, step_failed)
+    try:
+        check_extensions(job, plan.schema, allow_missing=skipped > 0)
+        prov = provenance(job, relpath, shard.provenance_ops, shard.inputs(), shard.rows)
+        plan.schema = plan.schema.with_metadata(output_metadata(plan.schema, prov))
+        written = storage.write_stream(lambda sink: chunkcopy.write(plan, sink, job.key_columns, step_failed), uri)
+    except Exception as exc:
+        raise _fail(relpath, "writing " + uri, exc) from exc
+    return ShardStats(relpath, shard.rows, written.size, skipped, path="copy"), written.payload, plan.schema
+
+
+def decode_output(job: Job, relpath: str, shard: OpenShard,
+                  uri: str) -> tuple[ShardStats, pa.Buffer | None, pa.Schema | None]:
+    """Read, merge and write the shard a window at a time, each window one row group of the output. The first
+    PROBE_ROWS rows are merged first and measured: the window holds the base's row group if that fits in
+    job.window_bytes, else as many rows as fit. The output is published only once every window has passed every
+    step; after a failed window the rest are still read, so the error counts every bad row."""
+    skipped = skipped_steps(shard.provenance_ops)
+    schema = None  # the output's, as its first window has it
 
     def merged(rows: int, offset: int) -> pa.Table:
         """The base's next `rows` rows (from row `offset`) through every step."""
@@ -361,6 +409,7 @@ def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
         return window
 
     def windows() -> Iterator[pa.Table]:
+        nonlocal schema
         window = merged(min(PROBE_ROWS, shard.natural_rows or PROBE_ROWS, shard.rows), 0)  # never over a window
         size = window_rows(shard.natural_rows, window.nbytes / max(window.num_rows, 1), job.window_bytes)
         end = min(size, shard.rows)
@@ -374,6 +423,7 @@ def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
                     check_extensions(job, window.schema, allow_missing=skipped > 0)
                     meta = output_metadata(window.schema, provenance(job, relpath, shard.provenance_ops, shard.inputs(),
                                                                      shard.rows))
+                    schema = window.schema
                 yield window.replace_schema_metadata(meta)
             start, window = next(starts, None), None  # one window held at a time: this one goes first
             if start is not None:
@@ -385,9 +435,7 @@ def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
         written = storage.write_windows(windows(), uri, None, job.key_columns)
     except Exception as exc:
         raise _fail(relpath, f"writing {uri}", exc) from exc
-    stats = ShardStats(relpath, shard.rows, written.size, skipped)
-    keys = shard.base.reread(key) if key in shard.base.schema.names else None
-    return check_written(job, relpath, stats, written.payload, keys)
+    return ShardStats(relpath, shard.rows, written.size, skipped, path="decode"), written.payload, schema
 
 
 def _step(job: Job, relpath: str, index: int, call):
@@ -486,7 +534,7 @@ def same_values(a, b) -> bool:
 
 
 def check_written(job: Job, relpath: str, stats: ShardStats, payload: pa.Buffer | None = None,
-                  base_keys: Iterable[pa.Array] | None = None) -> ShardStats:
+                  base_keys: Iterable[pa.Array] | None = None, schema: pa.Schema | None = None) -> ShardStats:
     """The post-write check: the output's footer (provenance, row count, declared types) and its key column
     as written, equal to the base's. Read from `payload` (the bytes the store proved it holds) when given,
     else from the stored object; the base's keys are `base_keys` (as the shard task read them, a batch at a
@@ -503,6 +551,10 @@ def check_written(job: Job, relpath: str, stats: ShardStats, payload: pa.Buffer 
             if pf.metadata.num_rows != stats.rows:
                 raise ShardError(f"output has {pf.metadata.num_rows} rows, expected {stats.rows}")
             check_extensions(job, pf.schema_arrow, allow_missing=stats.skipped_ops > 0)
+            expected = None if schema is None else storage.as_stored(schema).remove_metadata()
+            if expected is not None and not pf.schema_arrow.remove_metadata().equals(expected):
+                raise ShardError(f"output schema ({pf.schema_arrow.remove_metadata()}) is not the merge's "
+                                 f"({expected})".replace("\n", "; "))
             if base_keys is None:
                 b = parquet_file(stack.enter_context(storage.open_parquet(job.base_uri(relpath))))
                 base_keys = (batch.column(0) for batch in batches(b, [key]))

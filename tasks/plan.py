@@ -282,14 +282,6 @@ def sample(items: list[str], n: int) -> list[str]:
     return [items[i * len(items) // n] for i in range(n)]
 
 
-def as_stored(schema: pa.Schema) -> pa.Schema:
-    """The schema as Parquet stores and reads it back: some Arrow types come back as others (date64 as date32,
-    timestamp[s] as timestamp[ms], time32[s] as time32[ms]), so a prediction names what the output will hold."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(schema.empty_table(), sink)
-    return pq.read_schema(pa.BufferReader(sink.getvalue())).with_metadata(schema.metadata)
-
-
 def inspect_schemas(plan: Plan, n: int) -> tuple[pa.Schema | None, list[str]]:
     """Predict the output schema (as Parquet will store it) from footers of sampled shards; every problem found,
     one line each."""
@@ -323,7 +315,7 @@ def inspect_schemas(plan: Plan, n: int) -> tuple[pa.Schema | None, list[str]]:
                 break
         if current is None:
             continue
-        current = as_stored(current)
+        current = storage.as_stored(current)
         try:
             check_extensions(job, current, allow_missing=skipped)
         except ShardError as exc:

@@ -20,6 +20,8 @@ class Summary:
     rows: int = 0
     bytes: int = 0
     ops_skipped: int = 0  # operations with `required: false` whose sibling was missing
+    copied: int = 0       # merged shards whose column chunks were copied as bytes (tasks/chunkcopy.py)
+    decoded: int = 0      # merged shards whose columns were all decoded and encoded again
     seconds: float = 0.0
     stop_reason: str | None = None  # why the run stopped early: "--fail-fast", "SIGTERM", "SIGINT"
     not_started: int = 0            # shards to do that were never submitted after the stop
@@ -53,6 +55,8 @@ class Summary:
         self.rows += stats.rows
         self.bytes += stats.bytes
         self.ops_skipped += stats.skipped_ops
+        self.copied += stats.path == "copy"
+        self.decoded += stats.path == "decode"
 
     def stopped(self, reason: str | None, not_started: int, abandoned: list) -> None:
         """Record an early stop (fail-fast or a signal): what was never started and what was abandoned."""
@@ -83,6 +87,8 @@ class Summary:
         out = [f"output: {self.output_prefix}", self.headline(),
                f"rows merged: {self.rows:,}  bytes written: {self.bytes:,}  wall time: {self.seconds:.1f}s  "
                f"({rate:,.0f} rows/s)"]
+        if self.merged:
+            out.append(f"merged by copying column chunks: {self.copied}, by decoding every column: {self.decoded}")
         if self.stale:
             out.append(f"stale outputs (inputs changed since they were written): {self.stale} "
                        f"({self.stale_outcome()})")

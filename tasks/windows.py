@@ -94,6 +94,10 @@ class RowWindows:
             self._batches = self._pf.iter_batches(batch_size=self._batch_rows, row_groups=[group],
                                                   columns=self._columns, use_threads=True)
 
+    @property
+    def file(self) -> pq.ParquetFile:
+        return self._pf
+
     def reread(self, column: str) -> Iterator[pa.Array]:
         """`column` again from the file's first row, a batch at a time, from the same open file (the same bytes:
         a local file's descriptor, an S3 object's reads pinned to its ETag)."""

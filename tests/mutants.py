@@ -45,6 +45,7 @@ W = "tests/test_write_path.py::"
 BAD = "tests/test_bad_inputs.py::test_bad_input"
 SIG = "tests/test_signal_phases.py::"
 RC = "tests/test_run_check.py::"
+CC = "tests/test_chunkcopy.py::"
 
 MUTANTS = [
     # ------------------------------------------------------------ atomic shards
@@ -177,7 +178,7 @@ MUTANTS = [
            ("tests/test_s3_requests.py::test_an_upload_corrupted_on_the_way_is_never_taken_for_written",)),
     # ------------------------------------------------------------ memory
     Mutant("L11", "Alignment asserted per shard", "the streamed write does not check what it stored", "tasks/kernel.py",
-           "    return check_written(job, relpath, stats, written.payload, keys)", "    return stats",
+           "    return check_written(job, relpath, stats, payload, keys, schema)", "    return stats",
            (W + "test_a_run_fails_the_shard_whose_output_fails_the_check",)),
     Mutant("L12", "Alignment asserted per shard", "the streamed check reads the base's keys anew by path, not again "
            "from the open base file (another request; not the bytes read)", "tasks/kernel.py",
@@ -338,6 +339,18 @@ MUTANTS = [
     Mutant("E3", "A merge run ends checked", "a kept output replaced after the plan listed it passes",
            "tasks/runcheck.py", "            if fresh.ids.get(rel) != plan.output.ids.get(rel):",
            "            if False:", (RC + "test_kept_outputs_are_judged_by_the_identity_the_plan_listed[local]",)),
+    # ------------------------------------------------------------ the copy path (tasks/chunkcopy.py)
+    Mutant("Y1", "Copied bytes are the base's bytes", "a copied chunk's offsets one byte off where it was placed",
+           "tasks/chunkcopy.py", "footer.moved(chunk, position - length, [name",
+           "footer.moved(chunk, position - length + 1, [name",
+           (CC + "test_the_copy_reads_back_as_the_decode_paths_output",)),
+    Mutant("Y2", "Copied bytes are the base's bytes", "a chunk copied from its first data page (its dictionary "
+           "page left behind)", "tasks/footer.py", "        start = meta.dictionary_page_offset\n",
+           "        pass\n", (CC + "test_the_copy_reads_back_as_the_decode_paths_output",)),
+    Mutant("Y3", "Keys still proven on the copy path", "the copy path's key check skipped", "tasks/kernel.py",
+           "    chunkcopy.check_steps(plan, step_failed)", "    (lambda *_: None)(plan, step_failed)",
+           (CC + "test_a_misaligned_sibling_fails_the_copy_before_anything_is_written",
+            "tests/test_merge_kernel.py::test_alignment_errors_name_shard_operation_and_rows")),
 ]
 
 

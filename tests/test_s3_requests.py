@@ -202,9 +202,11 @@ def test_an_unproven_upload_is_read_back_by_the_check(tmp_path, s3_root, proxied
 def test_the_check_compares_with_the_base_keys_as_read_not_the_tables(tmp_path, monkeypatch, layout):
     """An operation that reorders rows (keys and values together) keeps the table self-consistent; the
     post-write check still fails it: the written keys are compared with the base's as read. Streamed (one
-    call, merge_shard) and chained (read_base, apply_operation, write_output: the task per operation)."""
+    call, merge_shard, by the decode path: the copy path never calls `apply`, it copies the sibling's rows
+    in the order its keys were proven, test_chunkcopy's misaligned sibling) and chained (read_base,
+    apply_operation, write_output: the task per operation)."""
     setup = build(tmp_path, str(tmp_path / "data") + "/", shards=1)
-    job = Job(load_pipeline(setup.pipeline), setup.output)
+    job = Job(load_pipeline(setup.pipeline), setup.output, recompress="zstd")
     last = len(job.pipeline.operations) - 1
     real_stream = MergeFromSidecar.stream
 

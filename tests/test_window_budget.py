@@ -32,7 +32,7 @@ def test_the_budget_sizes_the_windows_and_so_the_output_row_groups(run, tmp_path
     setup = build(tmp_path, str(tmp_path / "data"), shards=1, rows=ROWS, watermark_gap=False)
     [rel] = [r for r in objects(setup.prefixes["base"]) if r.endswith(".parquet")]
     one_row_group(setup.prefixes["base"] + rel)  # what pyarrow's defaults write for a shard under 1Mi rows
-    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--window-mib", "1")
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--window-mib", "1", "--recompress", "zstd")
     assert code == 0, err
     small = row_groups(setup.output + rel)
     assert sum(small) == ROWS and len(small) > 2 and len(set(small[:-1])) == 1, small  # windows of one size

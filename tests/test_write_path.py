@@ -22,7 +22,7 @@ from faultproxy import proxied  # noqa: F401 (a fixture)
 from reliability_fixtures import allow_small_parts, pending_uploads
 from test_flow_local import summary_counts
 
-from tasks import kernel, storage
+from tasks import chunkcopy, kernel, storage
 from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.errors import ShardError
@@ -205,8 +205,14 @@ FAULTY = {"row-lost": (lose_last_row, "output has 39 rows, expected 40"),
 
 def faulty_writer(monkeypatch, damage, only: str | None = None):
     """storage.write_windows (behind write_atomic too) writes `damage(table)` of all its windows (for the shard
-    `only`, or every shard) and reports success."""
+    `only`, or every shard) and reports success. Shards take the decode path, whose writer this damages (the copy
+    path's own wrong outputs: tests/test_chunkcopy.py, test_the_post_write_check_fails_a_wrong_copy)."""
     real = storage.write_windows
+
+    def not_copied(*args, **kw):
+        raise chunkcopy.NotCopyable("the test damages the decode path's writer")
+
+    monkeypatch.setattr(chunkcopy, "plan", not_copied)
 
     def write(windows, uri, *args, **kw):
         table = pa.concat_tables(list(windows))

@@ -99,6 +99,18 @@ class Findings:
     columns: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Sibling:
+    """The sibling shard a step reads, opened (its footer read, nothing decoded): the copy path
+    (tasks/chunkcopy.py) reads its key column to check `alignment` and copies its columns' chunks."""
+
+    uri: str
+    file: object          # the open file (storage.open_parquet)
+    pf: object            # its pyarrow ParquetFile
+    alignment: object     # tasks.ops.alignment.Alignment of the step's target key and the sibling's key
+    columns: dict = field(default_factory=dict)  # output column -> the sibling's column it takes
+
+
 class StepStream(ABC):
     """One operation's step over a shard, window by window (Operation.stream). `record` is what it did and
     `schema` the table's after it; `apply`
@@ -109,6 +121,8 @@ class StepStream(ABC):
     record: StepRecord
     schema: pa.Schema
     failed: bool = False
+    sibling: Sibling | None = None  # the sibling shard the step reads, if any
+    columnwise: bool = False  # apply() also works on a window of only the columns the step transforms
 
     @abstractmethod
     def apply(self, window: pa.Table, offset: int) -> pa.Table:
@@ -126,8 +140,8 @@ class TableStream(StepStream):
     `offset` is the window's first row in the shard, for messages naming a row (`offset + i`)."""
 
     def __init__(self, record: StepRecord, schema: pa.Schema,
-                 change: Callable[[pa.Table, int], pa.Table] | None = None):
-        self.record, self.schema, self.change = record, schema, change
+                 change: Callable[[pa.Table, int], pa.Table] | None = None, columnwise: bool = False):
+        self.record, self.schema, self.change, self.columnwise = record, schema, change, columnwise
 
     def apply(self, window: pa.Table, offset: int) -> pa.Table:
         return self.change(window, offset) if self.change else window

@@ -113,12 +113,15 @@ class CastColumns(Operation):
                 raise ShardError(f"column {column!r}: Arrow cannot cast {current.type} to {target}") from None
             schema = schema.set(schema.get_field_index(column), current.with_type(target))
 
-        def change(window: pa.Table, offset: int) -> pa.Table:
+        def change(window: pa.Table, offset: int) -> pa.Table:  # columnwise: each column cast by itself
             for column, target in targets.items():
                 index = window.schema.get_field_index(column)
+                if index < 0:  # a window of some columns only (the copy path's); stream() saw them all
+                    continue
                 window = window.set_column(index, schema.field(column), self.cast(column, window[column], target, offset))
             return window
-        return TableStream(StepRecord(Status.APPLIED, tuple(transformed(c) for c in targets), NO_INPUT), schema, change)
+        return TableStream(StepRecord(Status.APPLIED, tuple(transformed(c) for c in targets), NO_INPUT), schema, change,
+                           columnwise=True)
 
     def cast(self, column: str, values: pa.ChunkedArray, target: pa.DataType, offset: int) -> pa.ChunkedArray:
         """`values` (rows from `offset` of the shard) as `target`; a value a safe cast refuses is one line."""

@@ -18,7 +18,7 @@ from tasks.errors import ShardError
 from tasks.models import ColumnName, Prefix
 from tasks.ops.alignment import Alignment, check_row_counts, comparable
 from tasks.ops.base import (ABSENT, ColumnList, FieldProblem, Findings, Input, Operation, OperationSpec,
-                            StepStream, TableStream, schema_extra)
+                            Sibling, StepStream, TableStream, schema_extra)
 from tasks.ops.lineage import History, Status, StepRecord, appended, legacy_lists, replaced
 from tasks.parquet_errors import unreadable_parquet
 from tasks.validation import Says
@@ -255,6 +255,7 @@ class SiblingStream(StepStream):
                  record: StepRecord, schema: pa.Schema):
         self.uri, self.file, self.reader, self.cols, self.alignment = uri, file, reader, cols, alignment
         self.record, self.schema = record, schema
+        self.sibling = Sibling(uri, file, reader.file, alignment, {c: c for c in (*cols.replace, *cols.append)})
 
     @property
     def failed(self) -> bool:

@@ -263,22 +263,39 @@ def write_atomic(table: pa.Table, uri: str, row_group_size: int | None = None,
     return write_windows([table], uri, row_group_size, plain, keep=True)
 
 
+def parquet_writer(sink, schema: pa.Schema, plain: Iterable[str] = ()) -> pq.ParquetWriter:
+    """The writer of every output: zstd, a dictionary for the columns worth one (dictionary_columns)."""
+    return pq.ParquetWriter(sink, schema, compression="zstd", use_dictionary=dictionary_columns(schema, plain))
+
+
+def as_stored(schema: pa.Schema) -> pa.Schema:
+    """The schema as Parquet stores and reads it back: some Arrow types come back as others (date64 as date32,
+    timestamp[s] as timestamp[ms], time32[s] as time32[ms]), so a prediction names what the output will hold."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), sink)
+    return pq.read_schema(pa.BufferReader(sink.getvalue())).with_metadata(schema.metadata)
+
+
+def write_stream(write, uri: str, keep: bool = False) -> Written:
+    """write_atomic of the bytes `write(sink)` writes into a sink (anything with `write`): published whole once
+    it returns, never if it raises."""
+    store = backend(uri)
+    store.check_write_path(uri)
+    return store.write_parquet(write, uri, keep)
+
+
 def write_windows(windows: Iterable[pa.Table], uri: str, row_group_size: int | None = None,
                   plain: Iterable[str] = (), keep: bool = False) -> Written:
     """write_atomic of the rows of `windows` in order (the first one's schema, metadata included, is the
     file's), each window cut into row groups of `row_group_size` rows, written as they come: the file is
     published only after the last one, and never if the iterator raises. `keep=False`: no need to hold the
     whole payload (Written.payload may then be None and a check reads the object back)."""
-    store = backend(uri)
-    store.check_write_path(uri)
-
     def write(sink) -> None:
         writer = None
         try:
             for window in windows:
                 if writer is None:
-                    writer = pq.ParquetWriter(sink, window.schema, compression="zstd",
-                                              use_dictionary=dictionary_columns(window.schema, plain))
+                    writer = parquet_writer(sink, window.schema, plain)
                 # An empty input shard reports row groups of 0 rows; pyarrow refuses row_group_size=0.
                 writer.write_table(window, row_group_size=row_group_size or None)
                 del window  # not held while the next one is read
@@ -291,7 +308,7 @@ def write_windows(windows: Iterable[pa.Table], uri: str, row_group_size: int | N
             raise ValueError(f"nothing to write to {uri}: no window of rows, not even an empty one")
         writer.close()
 
-    return store.write_parquet(write, uri, keep)
+    return write_stream(write, uri, keep)
 
 
 def write_text(uri: str, text: str) -> None:

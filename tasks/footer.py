@@ -1,0 +1,163 @@
+"""A parquet file's footer as Parquet's Thrift structures (fastparquet's `ThriftObject`), for the copy path.
+
+pyarrow reads footers but cannot write one that places another file's column chunks, so the copy path
+(tasks/chunkcopy.py) reads and writes `FileMetaData` with fastparquet's Cython Thrift codec: ~20x faster than
+thriftpy2's pure-Python compact protocol on a 100-row-group footer, and schemaless on reading (a field it has no
+name for is kept). Its writer has two limits this module guards: it writes a struct's fields 1-13 only, and it
+writes an int as i64 unless the struct it was read from marked it i32. Every struct written here is either
+copied from a file (its markers come along) or built of i64s and lists; `lossless` refuses, for the decode
+path, a schema element or chunk that would lose a field on the way out.
+"""
+from __future__ import annotations
+
+import copy
+import struct
+from dataclasses import dataclass
+
+from fastparquet.cencoding import ThriftObject, from_buffer
+
+MAGIC = b"PAR1"
+# ColumnMetaData fields the writer drops and the copy may lose: the bloom filter's place (left out: its
+# offsets would be the base's), size statistics and geospatial statistics (optional: for planning only).
+DROPPABLE_CHUNK_FIELDS = {14, 15, 16, 17}
+LAST_WRITTEN_FIELD = 13
+PATH_IN_SCHEMA = 3  # ColumnMetaData's field number
+
+
+def read(f, footer_size: int) -> tuple[ThriftObject, int]:
+    """The FileMetaData of the open parquet file `f` (seekable), whose footer is `footer_size` bytes (pyarrow's
+    `FileMetaData.serialized_size`), and the offset where the footer begins."""
+    start = f.seek(0, 2) - 8 - footer_size
+    f.seek(start)
+    raw = bytes(f.read(footer_size + 8))
+    if raw[-4:] != MAGIC or struct.unpack("<I", raw[-8:-4])[0] != footer_size:
+        raise ValueError("footer is not where its length says (an encrypted or truncated file?)")
+    return from_buffer(raw[:-8], "FileMetaData"), start
+
+
+def encode(meta: ThriftObject) -> bytes:
+    """The footer's bytes as they end a file: FileMetaData, its length, the magic."""
+    body = bytes(meta.to_bytes())
+    return body + struct.pack("<I", len(body)) + MAGIC
+
+
+@dataclass(frozen=True)
+class TopColumn:
+    """A top-level column of a file: its schema elements (the column's subtree, depth first) and the indexes
+    of its leaves among the file's leaf columns (its chunks in every row group)."""
+
+    name: str
+    elements: list[ThriftObject]
+    leaves: range
+
+
+def top_columns(schema: list[ThriftObject]) -> dict[str, TopColumn]:
+    """The file's top-level columns by name, from its flattened schema (schema[0] is the root)."""
+    out: dict[str, TopColumn] = {}
+    position, leaf = 1, 0
+    for _ in range(schema[0].num_children or 0):
+        start, first_leaf, pending = position, leaf, 1
+        while pending:
+            children = schema[position].num_children or 0
+            pending += children - 1
+            leaf += children == 0
+            position += 1
+        name = schema[start].name
+        name = name.decode() if isinstance(name, bytes) else name  # the codec reads strings as bytes
+        out[name] = TopColumn(name, schema[start:position], range(first_leaf, leaf))
+    return out
+
+
+def chunk_range(chunk: ThriftObject) -> tuple[int, int]:
+    """(start, length) of a column chunk's bytes: from its dictionary page if it has one, else its first data
+    page, `total_compressed_size` long (how Arrow's reader finds it)."""
+    meta = chunk.meta_data
+    start = meta.data_page_offset
+    if meta.dictionary_page_offset and 0 < meta.dictionary_page_offset < start:
+        start = meta.dictionary_page_offset
+    return start, meta.total_compressed_size
+
+
+def moved(chunk: ThriftObject, start: int, path: list[str]) -> ThriftObject:
+    """A copy of `chunk`'s metadata for its bytes placed at `start` in the output, under the column path
+    `path`: page offsets shifted alike; page indexes and the bloom filter left out (their offsets would point
+    into the source file, and the decode path writes neither)."""
+    out = copy.deepcopy(chunk)
+    old, _ = chunk_range(chunk)
+    shift = start - old
+    meta = out.meta_data
+    for name in ("data_page_offset", "dictionary_page_offset", "index_page_offset"):
+        value = getattr(meta, name)
+        if value:
+            setattr(meta, name, value + shift)
+    for number in DROPPABLE_CHUNK_FIELDS:  # the writer would drop them; the bloom filter's place is the source's
+        meta.contents.pop(number, None)
+    for name in ("offset_index_offset", "offset_index_length", "column_index_offset", "column_index_length"):
+        if getattr(out, name) is not None:
+            delattr(out, name)
+    meta.contents[PATH_IN_SCHEMA] = list(path)  # setattr takes only lists of structs (it casts each item)
+    data = out.contents
+    if data.pop("i32", None):  # every int it was read with is an i32: name them, so file_offset goes out as i64
+        data["i32list"] = [k for k, v in data.items() if isinstance(k, int) and type(v) is int]
+    out.file_offset = start
+    return out
+
+
+def encrypted(meta: ThriftObject) -> bool:
+    return meta.encryption_algorithm is not None or any(
+        chunk.crypto_metadata is not None or chunk.encrypted_column_metadata is not None or chunk.meta_data is None
+        for group in meta.row_groups or () for chunk in group.columns)
+
+
+def lossless(obj: ThriftObject | dict, droppable: set[int] = frozenset()) -> bool:
+    """Whether the writer keeps every field of `obj` (nested structs too): none numbered above 13, but those
+    in `droppable` at the top."""
+    data = obj.contents if isinstance(obj, ThriftObject) else obj
+
+    def walk(d: dict, allowed: set[int]) -> bool:
+        for key, value in d.items():
+            if not isinstance(key, int):
+                continue  # the codec's i32 markers
+            if key > LAST_WRITTEN_FIELD and key not in allowed:
+                return False
+            items = value if isinstance(value, list) else [value]
+            if any(isinstance(v, dict) and not walk(v, set()) for v in items):
+                return False
+        return True
+
+    return walk(data, set(droppable))
+
+
+def chunk_lossless(chunk: ThriftObject) -> bool:
+    """A ColumnChunk whose fields all survive the writer (its ColumnMetaData may lose the droppable ones)."""
+    data = chunk.contents
+    meta = data.get(3)
+    rest = {k: v for k, v in data.items() if k != 3}
+    return lossless(rest) and (meta is None or lossless(meta, DROPPABLE_CHUNK_FIELDS))
+
+
+LOGICAL_TYPE, CONVERTED_TYPE, INTEGER = 10, 6, 10  # SchemaElement's fields; LogicalType's INTEGER member
+
+
+def writable(element: ThriftObject) -> ThriftObject:
+    """A copy of a schema element that the codec writes as read. An INTEGER logical type is given by its converted
+    type alone (INT_8 ... UINT_64, which says the same): its bitWidth is an i8, which the codec reads without a
+    mark and writes as an i64, and a reader then misses a required field. ValueError where none is set."""
+    out = copy.deepcopy(element)
+    logical = out.contents.get(LOGICAL_TYPE)
+    if logical and INTEGER in logical:
+        if out.contents.get(CONVERTED_TYPE) is None:
+            raise ValueError(f"integer column {element.name!r} has a logical type and no converted type")
+        del out.contents[LOGICAL_TYPE]
+    return out
+
+
+def key_value(key: str, value: str | bytes) -> ThriftObject:
+    return ThriftObject.from_fields("KeyValue", key=key, value=value)
+
+
+def row_group(columns: list[ThriftObject], num_rows: int, start: int) -> ThriftObject:
+    return ThriftObject.from_fields(
+        "RowGroup", columns=columns, num_rows=num_rows, file_offset=start,
+        total_byte_size=sum(c.meta_data.total_uncompressed_size for c in columns),
+        total_compressed_size=sum(c.meta_data.total_compressed_size for c in columns))

@@ -1,0 +1,224 @@
+"""The copy path (tasks/chunkcopy.py) makes the same output as the decode path, on the layouts users have.
+
+Each layout is a base and its siblings written as real writers write them (pyarrow's default row groups, one
+row group a file, groups cut by size as Spark cuts them, small groups, nested structs, dictionary-encoded
+strings, nulls everywhere, an empty shard, siblings cut otherwise than the base). Every shard is merged both
+ways; the outputs must read back equal, value for value and type for type, in pyarrow, DuckDB and Polars, and
+the copy must have taken the path the layout allows, with the base's row groups.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import duckdb
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from core_fixtures import write_configs
+from tasks import chunkcopy
+from tasks.config import load_pipeline
+from tasks.kernel import PER_RUN_FIELDS, Job, merge_shard, read_provenance
+from tasks.plan import make_plan
+from tasks.verification.driver import verify
+
+REL = "2024/part-00000.parquet"
+
+
+def base_table(n: int, nulls: bool = False, nested: bool = False, dictionary: bool = False) -> pa.Table:
+    rng = np.random.default_rng(n)
+    keys = [f"img-{i:08d}" for i in range(n)]
+    paths = [f"s3://images/{i % 97}/{i:08d}.jpg" for i in range(n)]
+    mask = (rng.random(n) < 0.3) if nulls else None
+    cols = {"image_key": pa.array(keys), "s3_image_path": pa.array(paths),
+            "width": pa.array(rng.integers(64, 4096, n), mask=mask),
+            "rotation": pa.array(rng.integers(0, 4, n).astype(np.int16)),  # an INTEGER(16) logical type
+            "flags": pa.array(rng.integers(0, 255, n).astype(np.uint8), mask=mask),
+            "filter_clarity": pa.array(rng.random(n).astype(np.float32), mask=mask),
+            "caption": pa.array([f"caption {i % 13}" for i in range(n)], mask=mask),
+            "image": pa.array([b"\xff\xd8" * 4] * n)}
+    if nested:
+        cols["meta"] = pa.array([{"source": f"s{i % 5}", "tags": [i % 3, i % 7], "area": float(i)} if
+                                 not (nulls and i % 4 == 0) else None for i in range(n)])
+    if dictionary:
+        cols["caption"] = cols["caption"].dictionary_encode()
+    return pa.table(cols)
+
+
+def scores(table: pa.Table, key: str, column: str, nulls: bool = False, dtype=np.float32) -> pa.Table:
+    n = table.num_rows
+    values = np.random.default_rng(n + len(column)).random(n).astype(dtype)
+    mask = (np.arange(n) % 5 == 1) if nulls else None
+    return pa.table({key: table[key], column: pa.array(values, mask=mask)})
+
+
+def write(table: pa.Table, path, groups: list[int] | None = None, **kw) -> None:
+    """`groups`: the row groups' row counts (None: pyarrow's default, 1,048,576 rows a group)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pq.ParquetWriter(path, table.schema, **kw) as writer:
+        if groups is None:
+            writer.write_table(table)
+        else:
+            start = 0
+            for rows in groups:
+                writer.write_table(table.slice(start, rows), row_group_size=max(rows, 1))
+                start += rows
+
+
+def spark_like(table: pa.Table, target_bytes: int) -> list[int]:
+    """Row groups cut when their encoded size would pass `target_bytes`, as Spark's parquet-mr cuts at ~128 MiB
+    (here a few KiB, so a test shard has several)."""
+    per_row = max(1, table.nbytes // max(table.num_rows, 1))
+    rows = max(1, target_bytes // per_row)
+    full, rest = divmod(table.num_rows, rows)
+    return [rows] * full + ([rest] if rest else [])
+
+
+LAYOUTS = {
+    # name: (rows, base groups, sibling groups, table options, writer options, copied score columns)
+    "pyarrow-default": (3000, None, None, {}, {}, True),
+    "one-group": (2500, [2500], [2500], {}, {"compression": "snappy"}, True),
+    "spark-sized": (4000, "spark", "spark", {}, {"compression": "snappy"}, True),
+    "small-groups": (1000, [100] * 10, [100] * 10, {}, {}, True),
+    "nested": (1200, [500, 500, 200], [500, 500, 200], {"nested": True}, {}, True),
+    "dictionary-strings": (1500, [1000, 500], [1000, 500], {"dictionary": True}, {"use_dictionary": True}, True),
+    "nulls-everywhere": (1300, [650, 650], [650, 650], {"nulls": True, "nested": True}, {}, True),
+    "siblings-cut-otherwise": (2000, [1500, 500], [700, 700, 600], {}, {}, False),
+    "plain-uncompressed": (800, [800], [800], {}, {"compression": "none", "use_dictionary": False}, True),
+}
+
+
+def make(tmp_path, layout: str, ops_extra: list[dict] | None = None):
+    rows, base_groups, sibling_groups, table_kw, writer_kw, _ = LAYOUTS[layout]
+    root = tmp_path / "data"
+    base = base_table(rows, **table_kw)
+    groups = spark_like(base, 16 << 10) if base_groups == "spark" else base_groups
+    sgroups = groups if sibling_groups == "spark" else sibling_groups
+    nulls = table_kw.get("nulls", False)
+    write(base, root / "base" / REL, groups, **writer_kw)
+    write(scores(base, "image_key", "dqm_d1_v6_1", nulls), root / "dqm" / REL, sgroups, **writer_kw)
+    write(scores(base, "s3_image_path", "ernie_image_aes", nulls, np.float64), root / "aes" / REL, sgroups,
+          **writer_kw)
+    prefixes = {name: f"{root}/{name}/" for name in ("base", "dqm", "aes")}
+    ops = [{"type": "merge_from_sidecar", "source_prefix": prefixes["dqm"], "columns": ["dqm_d1_v6_1"],
+            "mode": "prefer_sidecar"},
+           {"type": "merge_from_sidecar", "source_prefix": prefixes["aes"], "columns": ["ernie_image_aes"],
+            "target_key_column": "s3_image_path", "source_key_column": "s3_image_path", "mode": "prefer_sidecar"},
+           *(ops_extra or [])]
+    pipeline, _ = write_configs(tmp_path, prefixes, ops=ops, extensions=[])
+    return Job(load_pipeline(pipeline), f"{root}/copy/"), base, groups
+
+
+def both(job: Job):
+    decode = dataclasses.replace(job, output_prefix=job.output_prefix.replace("/copy/", "/decode/"),
+                                 recompress="zstd")
+    return merge_shard(job, REL), merge_shard(decode, REL), job.output_uri(REL), decode.output_uri(REL)
+
+
+def assert_same_output(copy_uri: str, decode_uri: str) -> None:
+    a, b = pq.read_table(copy_uri), pq.read_table(decode_uri)
+    assert a.schema.remove_metadata() == b.schema.remove_metadata()
+    assert a.equals(b)
+    pa_, pb = (read_provenance(pq.read_metadata(u)) for u in (copy_uri, decode_uri))
+    assert {k: v for k, v in pa_.items() if k not in PER_RUN_FIELDS} == \
+        {k: v for k, v in pb.items() if k not in PER_RUN_FIELDS}
+    da = duckdb.sql(f"select * from read_parquet('{copy_uri}')").fetch_arrow_table()
+    db = duckdb.sql(f"select * from read_parquet('{decode_uri}')").fetch_arrow_table()
+    assert da.schema == db.schema and da.equals(db)
+    assert pl.read_parquet(copy_uri).equals(pl.read_parquet(decode_uri))
+    assert pl.read_parquet(copy_uri).schema == pl.read_parquet(decode_uri).schema
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_copy_reads_back_as_the_decode_paths_output(tmp_path, layout):
+    job, base, groups = make(tmp_path, layout)
+    copied, decoded, copy_uri, decode_uri = both(job)
+    assert (copied.path, decoded.path) == ("copy", "decode")
+    assert_same_output(copy_uri, decode_uri)
+    out = pq.ParquetFile(copy_uri).metadata
+    assert [out.row_group(g).num_rows for g in range(out.num_row_groups)] == \
+        (groups or [base.num_rows])  # the base's row groups
+    codec = {"none": "UNCOMPRESSED"}.get(*[LAYOUTS[layout][4].get("compression", "snappy")] * 2).upper()
+    names = pq.ParquetFile(copy_uri).schema_arrow.names
+    score = out.row_group(0).column(names.index("dqm_d1_v6_1")).compression
+    # a copied score column keeps its sibling's codec; one cut otherwise was encoded, as the decode path does
+    assert score == (codec if LAYOUTS[layout][5] else "ZSTD")
+    assert out.row_group(0).column(0).compression == codec  # the base's column, copied
+
+
+def test_the_copy_leaves_out_the_image_column_and_keeps_the_bases_bytes(tmp_path):
+    job, base, _ = make(tmp_path, "one-group")
+    copied, _, copy_uri, _ = both(job)
+    assert "image" not in pq.read_schema(copy_uri).names
+    src, out = pq.ParquetFile(job.base_uri(REL)), pq.ParquetFile(copy_uri)
+    with open(job.base_uri(REL), "rb") as f_src, open(copy_uri, "rb") as f_out:
+        for name in ("image_key", "width", "caption"):
+            i, j = src.schema_arrow.names.index(name), out.schema_arrow.names.index(name)
+            a, b = src.metadata.row_group(0).column(i), out.metadata.row_group(0).column(j)
+            f_src.seek(a.dictionary_page_offset or a.data_page_offset)
+            f_out.seek(b.dictionary_page_offset or b.data_page_offset)
+            assert f_src.read(a.total_compressed_size) == f_out.read(b.total_compressed_size)
+            assert a.statistics == b.statistics
+
+
+def test_an_empty_shard_takes_the_decode_path_and_is_still_equal(tmp_path):
+    LAYOUTS["empty"] = (0, None, None, {}, {}, False)
+    try:
+        job, _, _ = make(tmp_path, "empty")
+        copied, decoded, copy_uri, decode_uri = both(job)
+    finally:
+        del LAYOUTS["empty"]
+    assert copied.path == "decode" and copied.rows == 0
+    assert pq.read_table(copy_uri).equals(pq.read_table(decode_uri))
+
+
+@pytest.mark.parametrize("extra", [
+    [{"type": "cast_columns", "columns": {"width": "float64"}}],
+    [{"type": "rename_columns", "columns": {"caption": "text"}}, {"type": "drop_columns", "columns": ["width"]}],
+    [{"type": "cast_columns", "columns": {"dqm_d1_v6_1": "float64", "filter_clarity": "float64"}}],
+], ids=["cast-a-base-column", "rename-and-drop", "cast-a-score-and-a-base-column"])
+def test_operations_that_change_columns_copy_the_rest(tmp_path, extra):
+    job, _, _ = make(tmp_path, "nested", extra)
+    copied, decoded, copy_uri, decode_uri = both(job)
+    assert copied.path == "copy"
+    assert_same_output(copy_uri, decode_uri)
+
+
+def test_a_copied_shard_passes_verify_and_resume_keeps_it(tmp_path):
+    job, _, _ = make(tmp_path, "small-groups")
+    copied, _, _, _ = both(job)
+    report = verify(job, samples=1, all_shards=True)
+    assert report.ok, report
+    assert make_plan(job).complete == [REL]  # resume keeps it, as it keeps a decoded one
+
+
+def test_the_post_write_check_fails_a_wrong_copy(tmp_path, monkeypatch):
+    """A copy that placed the wrong chunks as the key (the plan's bug) is caught before the shard counts: the
+    keys as written differ from the base's. (Chunks of another physical type are refused at the plan.)"""
+    job, _, _ = make(tmp_path, "one-group")
+    real = chunkcopy.walk
+
+    def walk(base, streams):
+        columns, keys = real(base, streams)
+        wrong = chunkcopy.Values(0, "s3_image_path")
+        return [(name, wrong if name == "image_key" else values) for name, values in columns], keys
+
+    monkeypatch.setattr(chunkcopy, "walk", walk)
+    with pytest.raises(Exception, match="verifying .*key column 'image_key' of the output differs from the base"):
+        merge_shard(job, REL)
+
+
+@pytest.mark.parametrize("where", ["dqm", "aes"])
+def test_a_misaligned_sibling_fails_the_copy_before_anything_is_written(tmp_path, where):
+    job, base, groups = make(tmp_path, "pyarrow-default")
+    path = tmp_path / "data" / where / REL
+    table = pq.read_table(path)
+    key = table.column_names[0]
+    swapped = table[key].to_pylist()
+    swapped[10], swapped[2000] = swapped[2000], swapped[10]
+    write(table.set_column(0, key, pa.array(swapped)), path)
+    with pytest.raises(Exception, match=r"operations\[\d\].*key mismatch in 2 of 3000 rows; first at row 10"):
+        merge_shard(job, REL)
+    assert not (tmp_path / "data" / "copy").exists() or not any((tmp_path / "data" / "copy").rglob("*.parquet"))
