@@ -15,6 +15,7 @@ import traceback
 
 # Only light imports here: the signals are ours from `main`'s first line (flows/interrupt.py), and what runs
 # before it (these imports) is a window in which a signal still has the system's default effect.
+from flows import collector
 from flows.interrupt import DEFAULT_GRACE, MAX_GRACE, Interrupted, grace_seconds, late_signals, owned
 from tasks.errors import ConfigError, ShardError
 from tasks.summary import RunFailed
@@ -140,6 +141,7 @@ def run_config(args, command: str):
 def cmd_run(args) -> int:
     if args.dry_run:
         config = run_config(args, "run")
+        collector.resume()
         from tasks.dryrun import dry_run
 
         return dry_run(config.pipeline, config.output_prefix, samples=20 if args.samples is None else args.samples,
@@ -166,6 +168,7 @@ def start(args, command: str):
 
 def cmd_demo(args) -> int:
     """Build the demo data and its YAMLs under --root, then dry-run, merge and verify, as an operator would."""
+    collector.resume()
     from tasks.demo import build_demo
 
     pipeline, output = build_demo(args.root, shards=args.shards, rows=args.rows)
@@ -239,7 +242,9 @@ abandoned_work = False  # an interrupted run left shard tasks running in this pr
 def console(argv: list[str] | None = None) -> None:
     """The `sidecar-ops` command. After an interrupted run whose grace period ran out, exit without waiting for
     the shard threads still running (Python would join them first): their writes never appear (atomic)."""
+    collector.pause()  # until the command's modules are imported (flows/collector.py)
     code = main(argv, for_good=True)
+    collector.exiting()
     if abandoned_work:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -83,6 +83,37 @@ def forget_result_links(context, task_run_ids: set) -> None:
             links.pop(key, None)
 
 
+# ------------------------------------------------------------------------ Prefect: the flow run's heartbeats
+
+def heartbeats_not_waited_for() -> None:
+    """The sync flow engine's heartbeat thread (`prefect.flow_engine._send_heartbeats`, used by
+    `FlowRunEngine.run_context`) is stopped but no longer joined as the flow run ends: it sleeps a second at a
+    time, so joining it kept every run waiting up to 1 s after its final state (0.5 s on average). Heartbeats
+    are sent as before (the first as the flow run starts, then every PREFECT_FLOWS_HEARTBEAT_FREQUENCY); the
+    stopped thread emits nothing more and ends within a second, on its own (a daemon: it never delays the
+    exit). Prefect's async engine passes `join_on_exit=False` itself; there is no setting for the sync one.
+    Idempotent; for the command line (flows/launch.py), not for a deployment's worker."""
+    from prefect import flow_engine
+
+    original = getattr(flow_engine, "_send_heartbeats", None)
+    _require(callable(original) and "join_on_exit" in _parameters(original),
+             "prefect.flow_engine._send_heartbeats(engine, join_on_exit)", "prefect")
+    if getattr(original, "sidecar_ops_not_joined", False):
+        return
+
+    def not_joined(engine, join_on_exit: bool = True):
+        return original(engine, join_on_exit=False)
+
+    not_joined.sidecar_ops_not_joined = True
+    flow_engine._send_heartbeats = not_joined
+
+
+def _parameters(fn) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(fn).parameters)
+
+
 # -------------------------------------------------------------- Prefect: running a task inside a Ray worker
 
 # Keys of prefect.context.serialize_context() (3.9). flows/runners.py forwards all of them unchanged except
@@ -227,11 +258,14 @@ PREFECT_BACKGROUND_LOGGERS = ("prefect._internal", "EventsWorker", "APILogWorker
 
 
 def prefect_setup_logging() -> None:
-    """`prefect.logging.configuration.setup_logging`: Prefect's logging config now, not at its first flow run
-    (so flows/launch.py can filter its console handlers first). Not a public API."""
-    from prefect.logging.configuration import setup_logging
+    """`prefect.logging.configuration.ensure_logging_setup`: Prefect's logging config now, not at its first flow
+    run (so flows/launch.py can filter its console handlers first); `import prefect` has usually set it up
+    already, and setting it up again costs ~0.1 s and changes nothing. Not a public API."""
+    from prefect.logging import configuration
 
-    setup_logging()
+    _require(callable(getattr(configuration, "ensure_logging_setup", None)),
+             "prefect.logging.configuration.ensure_logging_setup", "prefect")
+    configuration.ensure_logging_setup()
 
 
 @functools.cache

@@ -11,11 +11,12 @@ import functools
 import importlib
 import logging
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from flows import cluster, compat
+from flows import cluster, collector, compat
 from flows.interrupt import Interrupted, flow_running
 from flows.server import configured_api, prefect_api
 
@@ -102,9 +103,10 @@ def session(start: Start, what: str, flow_module: str):
     written, its database removed."""
     loaded = []
 
-    def meanwhile():
+    def meanwhile(booting: bool):
         loaded.append(start.load_config())
-        warm_up(flow_module, start.debug)
+        warm_up(flow_module, start.debug, booting)
+        collector.resume()  # the run's modules are imported (flows/collector.py)
 
     with prefect_api(ui=start.debug, host=server_host(start.use_ray, start.ray_address),
                      keep_history=start.keep_history, announce=start.debug, while_starting=meanwhile) as api_url:
@@ -118,13 +120,23 @@ def session(start: Start, what: str, flow_module: str):
             flush_api_logs()
 
 
-def warm_up(flow_module: str, debug: bool) -> None:
-    """What a flow run would otherwise do first, on the critical path: import the flow (Prefect with it), set up
-    logging, and import what Prefect itself imports lazily to record the flow run's parameters."""
+def warm_up(flow_module: str, debug: bool, booting: bool = True) -> None:
+    """What a flow run would otherwise do first, on the critical path: import the flow (Prefect with it) and set
+    up logging. (Prefect would import FastAPI to record the flow run's parameters: flows/plainflow.py.) pyarrow
+    imports pandas at its first conversion from Python objects, in the first shard task (~0.15 s): while the
+    run's server boots (`booting`) that is done here; with a server kept running it is done in a thread, while
+    the flow run's first API calls wait for their answers."""
     importlib.import_module(flow_module)
-    importlib.import_module("fastapi.encoders")  # prefect.flows.serialize_parameters; ~0.6 s here
-    importlib.import_module("pyarrow").array([0])  # pyarrow imports pandas at its first conversion: ~0.15 s
+    if booting:
+        import_pandas()
+    else:
+        threading.Thread(target=import_pandas, name="sidecar-ops-import-pandas", daemon=True).start()
     quiet_console(debug)
+    compat.heartbeats_not_waited_for()  # the flow run's end does not wait up to 1 s for its heartbeat thread
+
+
+def import_pandas() -> None:
+    importlib.import_module("pyarrow").array([0])
 
 
 def run_merge(start: Start) -> int:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import time
 import uuid
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelled, State
 
 from flows.artifacts import ProgressArtifact, publish_summary
 from flows.interrupt import DEFAULT_GRACE, Interruption, Stop, grace_seconds, handling
+from flows.plainflow import plain_flow
 from flows.runconfig import DEFAULT_MAX_INFLIGHT, DEFAULT_RETRIES, RunConfig, RunnerChoice
 from flows.scheduler import Window, make_runner, run_window
 from tasks.kernel import Job, ShardStats, now_utc, overwrite_fields
@@ -94,7 +95,7 @@ def run_shards(steps: ShardSteps, todo: list[str], config: RunConfig, summary: S
         ui.update(summary.finished)
 
 
-@flow(name="sidecar-merge", flow_run_name="merge {pipeline}", log_prints=False, validate_parameters=True)
+@plain_flow(name="sidecar-merge", flow_run_name="merge {pipeline}", log_prints=False, validate_parameters=True)
 def merge_flow(pipeline: str, output_prefix: str, overwrite: bool = False,
                max_inflight: int = DEFAULT_MAX_INFLIGHT, fail_fast: bool = False, datasets_dir: str | None = None,
                retries: int = DEFAULT_RETRIES, use_ray: bool = False, ray_address: str | None = None,

@@ -119,11 +119,11 @@ def prefect_api(ui: bool = False, while_starting=None, host: str = "127.0.0.1", 
     database lasts as long as the run (flows/rundb.py), unless `keep_history` (then Prefect's own database
     under PREFECT_HOME, which `prefect server start` shows later) or PREFECT_API_DATABASE_CONNECTION_URL is set.
     The server process starts before this process imports Prefect: the two boot side by side, and
-    `while_starting` (checking the run's YAMLs, importing the flow module, ...) runs meanwhile, once, whether or
-    not a server was started; what it raises stops the server (its errors come before an unwritable
-    PREFECT_HOME's). `announce` says on stderr where the server's log and database are."""
+    `while_starting(booting)` (checking the run's YAMLs, importing the flow module, ...) runs meanwhile, once,
+    whether or not a server was started (`booting`: one is starting); what it raises stops the server (its errors
+    come before an unwritable PREFECT_HOME's). `announce` says on stderr where the server's log and database are."""
     if os.environ.get("PREFECT_API_URL"):  # the usual way to name a server; no need to import Prefect to see it
-        _call(while_starting)
+        _call(while_starting, False)
         yield os.environ["PREFECT_API_URL"]
         return
     server = home_error = None
@@ -132,7 +132,7 @@ def prefect_api(ui: bool = False, while_starting=None, host: str = "127.0.0.1", 
     except ConfigError as exc:  # PREFECT_HOME unwritable: fine if a Prefect profile names a server after all
         home_error = exc
     try:
-        _call(while_starting)
+        _call(while_starting, server is not None)
         configured = configured_api()  # a Prefect profile or settings file may name a server as well
         if server is None and not configured:
             raise home_error
@@ -161,9 +161,9 @@ def prefect_api(ui: bool = False, while_starting=None, host: str = "127.0.0.1", 
             server.stop()
 
 
-def _call(fn) -> None:
+def _call(fn, booting: bool) -> None:
     if fn is not None:
-        fn()
+        fn(booting)
 
 
 class RunServer:

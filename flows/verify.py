@@ -6,13 +6,14 @@ them (thread pool, or Ray with --use-ray), publishes the artifacts and prints th
 """
 from __future__ import annotations
 
-from prefect import flow, task
+from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelled
 
 from flows.interrupt import Interrupted, Stop, handling
+from flows.plainflow import plain_flow
 from flows.runconfig import DEFAULT_SAMPLES, DEFAULT_VERIFY_INFLIGHT, RunConfig, RunnerChoice
 from flows.scheduler import Window, make_runner, run_window
 from tasks.kernel import Job
@@ -58,7 +59,7 @@ def scheduled_checks(runner, max_inflight: int, stop: Stop):
     return run
 
 
-@flow(name="sidecar-verify", flow_run_name="verify {pipeline}", log_prints=False, validate_parameters=True)
+@plain_flow(name="sidecar-verify", flow_run_name="verify {pipeline}", log_prints=False, validate_parameters=True)
 def verify_flow(pipeline: str, output_prefix: str, samples: int = DEFAULT_SAMPLES, all_shards: bool = False,
                 seed: int = 0, datasets_dir: str | None = None, use_ray: bool = False,
                 ray_address: str | None = None, max_inflight: int = DEFAULT_VERIFY_INFLIGHT,

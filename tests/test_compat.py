@@ -250,6 +250,61 @@ def test_wait_for_events_sent(monkeypatch, prefect_api):
         compat.wait_for_events_sent()
 
 
+def test_logging_set_up_once(monkeypatch):
+    """`import prefect` set Prefect's logging up; the entry does not set it up again, and says so when gone."""
+    from prefect.logging import configuration
+
+    calls = []
+    monkeypatch.setattr(configuration, "setup_logging", lambda *a, **k: calls.append(a))
+    need(bool(configuration.PROCESS_LOGGING_CONFIG), "prefect.logging.configuration.PROCESS_LOGGING_CONFIG",
+         "prefect")
+    compat.prefect_setup_logging()
+    assert calls == []
+    monkeypatch.setattr(configuration, "PROCESS_LOGGING_CONFIG", {})
+    compat.prefect_setup_logging()
+    assert calls == [()]
+    monkeypatch.delattr(configuration, "ensure_logging_setup")
+    with raises_naming("prefect"):
+        compat.prefect_setup_logging()
+
+
+# ------------------------------------------------------------------------ Prefect: the flow run's heartbeats
+
+def test_the_sync_engine_sends_heartbeats_through_the_module_function():
+    """FlowRunEngine.run_context enters `_send_heartbeats(self)` by its module-level name, with Prefect's
+    default join_on_exit=True: what heartbeats_not_waited_for replaces."""
+    from prefect import flow_engine
+
+    need("with _send_heartbeats(self):" in inspect.getsource(flow_engine.FlowRunEngine.run_context),
+         "prefect's FlowRunEngine.run_context using _send_heartbeats(self)", "prefect")
+    parameters = inspect.signature(flow_engine._send_heartbeats).parameters
+    need(parameters.get("join_on_exit") is not None and parameters["join_on_exit"].default is True,
+         "prefect.flow_engine._send_heartbeats(engine, join_on_exit=True)", "prefect")
+
+
+def test_heartbeats_are_sent_but_not_waited_for(monkeypatch):
+    import contextlib
+
+    from prefect import flow_engine
+
+    seen = []
+
+    @contextlib.contextmanager
+    def send(engine, join_on_exit: bool = True):
+        seen.append((engine, join_on_exit))
+        yield
+
+    monkeypatch.setattr(flow_engine, "_send_heartbeats", send)
+    compat.heartbeats_not_waited_for()
+    compat.heartbeats_not_waited_for()  # once is enough: not wrapped twice
+    with flow_engine._send_heartbeats("engine"):
+        pass
+    assert seen == [("engine", False)]
+    monkeypatch.setattr(flow_engine, "_send_heartbeats", lambda engine: None)
+    with raises_naming("prefect"):
+        compat.heartbeats_not_waited_for()
+
+
 # ---------------------------------------------------------------- Prefect: a server without Prefect's CLI
 
 def test_api_app_and_uvicorn():

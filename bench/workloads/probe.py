@@ -37,6 +37,9 @@ def cli(args: list[str]) -> dict:
 
         s3trace.install(trace)
 
+    from flows import collector
+
+    collector.pause()  # what the console script does first (flows/cli.py console)
     from flows.cli import main, quiet_environment
 
     quiet_environment(False)  # what main() sets before pyarrow loads (Arrow's memory pool), before tasks.kernel does
@@ -68,6 +71,7 @@ def cli(args: list[str]) -> dict:
     finally:
         if trace:
             s3trace.dump()
+    collector.exiting()  # as the console script does before it exits
     report["prefect_imported"] = "prefect" in sys.modules
     return report
 
