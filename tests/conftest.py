@@ -66,6 +66,22 @@ def root(request, tmp_path):
     return request.getfixturevalue("s3_root")
 
 
+@pytest.fixture(params=["copy", "decode"])
+def merge_path(request, monkeypatch):
+    """Each merge of the test by one path of the kernel (tasks/kernel.py:stream_output): "copy" leaves the copy
+    path to be chosen wherever every step allows it (the default), "decode" refuses every copy plan (as
+    `--recompress zstd` or an uncopyable input would). Modules whose tests merge in this process use it for
+    every test (`pytestmark = pytest.mark.usefixtures("merge_path")`): each test passes on both paths."""
+    if request.param == "decode":
+        from tasks import chunkcopy
+
+        def refused(*args, **kwargs):
+            raise chunkcopy.NotCopyable("the decode path, by the test's parameter")
+
+        monkeypatch.setattr(chunkcopy, "plan", refused)
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def prefect_api():
     """One real local Prefect API for the whole session: a server subprocess, started once, which the fast tier
@@ -89,11 +105,14 @@ def quick_retries_of_a_busy_database():
     run created right after another run's tasks ended: its task-run recorder is still writing their states, and
     SQLite refuses the creating transaction (SQLITE_BUSY_SNAPSHOT, which no busy timeout waits out). Every other
     flow test waited 2 s for that, over a minute of the fast tier. Here the client waits a twentieth (0.1, 0.2,
-    0.4... s: still 3 s in all before it gives up); what it sends, and how often, stays Prefect's own."""
+    0.4... s), and retries up to 9 times rather than 5: on a loaded machine the recorder of a run of hundreds of
+    task runs is still writing after the 3 s five retries add up to (seen failing a test twice in a row with
+    another test suite beside it); nine give it 51 s, and a run never waits longer than the recorder takes."""
     from prefect.client import base
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
     backoff = base.clamped_poisson_interval
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 9}):
         patch.setattr(base, "clamped_poisson_interval",
                       lambda average, *args, **kwargs: backoff(average, *args, **kwargs) * BUSY_RETRY_SCALE)
         yield

@@ -28,6 +28,8 @@ from tasks.demo import relpaths
 from tasks.kernel import Job, merge_shard, read_provenance
 from tasks.ops import OPERATIONS
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 REL = relpaths(1)[0]
 ROWS = 20
 

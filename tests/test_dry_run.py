@@ -21,6 +21,8 @@ from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.kernel import Job, merge_shard
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 REPO = Path(__file__).resolve().parents[1]
 SHARDS = 5
 REL = sorted(relpaths(SHARDS))

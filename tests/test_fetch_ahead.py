@@ -24,6 +24,8 @@ from tasks.errors import ShardError
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
 from tasks.storage import ahead
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 REL = relpaths(3)
 
 

@@ -17,6 +17,8 @@ from core_fixtures import (build, expected_output, get_bytes, identities, object
                            remove, swap_rows_fn, task_runs, flow_run_named, versioned)
 from tasks.demo import relpaths
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 REPO = Path(__file__).resolve().parents[1]
 SHARDS = 4
 REL = sorted(relpaths(SHARDS))

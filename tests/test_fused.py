@@ -20,6 +20,8 @@ from tasks import kernel
 from tasks.errors import ShardError
 from tasks.kernel import PROVENANCE_KEY
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 
 
 def provenance(uri: str) -> dict:

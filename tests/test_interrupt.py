@@ -20,6 +20,8 @@ from tasks import kernel
 from tasks.demo import relpaths
 from test_flow_local import ALL_COLUMNS, summary_counts
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 SHARDS = 6
 REL = sorted(relpaths(SHARDS))
 STOP_AT = 3  # the signal is sent while the third shard is being read

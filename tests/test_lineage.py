@@ -6,6 +6,7 @@ import io
 import json
 
 import pyarrow.parquet as pq
+import pytest
 from core_fixtures import aes_op, build, dqm_op, watermark_op
 
 from tasks import storage
@@ -17,6 +18,8 @@ from tasks.ops.lineage import (Change, ColumnChange, History, Origin, Status, St
                                removed, renamed, replaced, replay, transformed)
 from tasks.plan import make_plan
 from tasks.verification import verify
+
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
 
 SHARDS = 3
 REL = sorted(relpaths(SHARDS))

@@ -17,6 +17,8 @@ from tasks.kernel import (PROVENANCE_KEY, Job, apply_operation, merge_shard, rea
                          write_output)
 from tasks.demo import relpaths
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 REL = relpaths(3)
 
 

@@ -21,6 +21,8 @@ from tasks.kernel import Job, merge_shard, read_provenance
 from tasks.ops import OPERATIONS, History, Status
 from tasks.ops.cast_columns import CastColumns, arrow_type, first_failing
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 SHARDS = 3
 REL = sorted(relpaths(SHARDS))
 

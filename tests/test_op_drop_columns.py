@@ -29,6 +29,8 @@ from tasks.ops import NO_INPUT, DropColumns, Status
 from tasks.plan import make_plan
 from tasks.verification import MERGED, SCHEMA, verify
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 SHARDS = 3
 REL = sorted(relpaths(SHARDS))
 

@@ -18,6 +18,8 @@ from tasks.kernel import Job, merge_shard, read_provenance
 from tasks.ops import RenameColumns, Status
 from tasks.verification import BASE, MERGED, SCHEMA, verify
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 SHARDS = 3
 REL = sorted(relpaths(SHARDS))
 AES = {"name": "ernie_image_aes", "type": "ernie_image_aes_score_v1"}

@@ -33,6 +33,8 @@ from tasks.plan import inspect_schemas, make_plan
 from tasks.verification import PROVENANCE, verify
 from tasks.verification.registry import REGISTRY, report_order
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 REPO = Path(__file__).resolve().parents[1]
 SHARDS = 3
 REL = sorted(relpaths(SHARDS))

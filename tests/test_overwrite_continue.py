@@ -22,6 +22,8 @@ from flows.runconfig import RunConfig
 from tasks.errors import ConfigError
 from tasks.kernel import read_provenance
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 HINT = re.compile(r"rerun with --continue-overwrite (\S+) instead of --overwrite to continue")
 FAILING = 1  # the overwrite (one shard at a time, --fail-fast) writes REL[0], fails REL[1], never starts the rest
 

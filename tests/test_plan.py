@@ -37,6 +37,8 @@ from tasks.plan import (
     refuse_unmatched,
 )
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 SHARDS = 2
 
 

@@ -19,6 +19,8 @@ from tasks.demo import relpaths
 from tasks.errors import ShardError
 from tasks.kernel import Job, ShardStats, merge_shard, same_keys, check_written
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 REL = sorted(relpaths(1))[0]
 ROW = 3
 

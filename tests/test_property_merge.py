@@ -20,6 +20,8 @@ from tasks.kernel import Job, merge_shard
 from tasks.ops.alignment import check_aligned
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 VALUE_TYPES = {"int32": pa.int32(), "float64": pa.float64(), "string": pa.string(),
                "struct": pa.struct([("raw_score", pa.float32()), ("error", pa.string())])}
 PERTURBATIONS = ("none", "none", "swap", "drop", "add", "null", "change", "reverse", "duplicate", "rotate")

@@ -19,6 +19,8 @@ from tasks import kernel
 from tasks.kernel import PROVENANCE_KEY, read_provenance
 from tasks.verification import PROVENANCE
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 
 def rewrite(uri: str, change_table=lambda t: t, change_prov=lambda p: p) -> None:
     """Rewrite an output with its table and its provenance changed (the rest of its metadata kept)."""

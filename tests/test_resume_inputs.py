@@ -24,6 +24,8 @@ from tasks.kernel import Job, read_provenance
 from tasks.plan import make_plan
 from tasks.prefect_tasks import SHARD_INPUTS
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 SHARDS = 4
 REL = sorted(relpaths(SHARDS))
 SUMMARY = re.compile(r"shards: (\d+) total, (\d+) merged, (\d+) skipped \(already complete\), (\d+) failed")

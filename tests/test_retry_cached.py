@@ -19,6 +19,8 @@ from core_fixtures import build, flow_run_named, identities, read_meta, task_run
 from tasks import kernel, storage
 from tasks.demo import relpaths
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 SHARDS = 4
 REL = sorted(relpaths(SHARDS))
 GAP = relpaths(SHARDS)[-1]  # the shard without a watermark sibling: its optional operation is skipped

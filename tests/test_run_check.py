@@ -20,6 +20,8 @@ from tasks.kernel import Job, merge_shard, overwrite_fields
 from tasks.plan import make_plan
 from tasks.runcheck import check_run
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 SHARDS = 3
 REL = sorted(relpaths(SHARDS))
 

@@ -30,6 +30,8 @@ from tasks.kernel import Job, apply_operation, merge_shard, read_base, write_out
 from tasks.ops.merge_from_sidecar import MergeFromSidecar
 from tasks.storage import s3 as s3_backend
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 SHARDS = 3
 REL = relpaths(SHARDS)
 SCORE = "dqm_d1_v6_1"  # a score column of the DQM sidecar

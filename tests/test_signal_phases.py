@@ -27,6 +27,8 @@ from tasks.errors import ShardError
 from test_flow_local import summary_counts
 from test_interrupt import flow_run_state
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 SHARDS = 4
 REL = sorted(relpaths(SHARDS))
 NEVER = 30  # seconds a step waits on an event nobody sets: only an exception may end that wait early

@@ -17,6 +17,8 @@ from tasks.kernel import Job, merge_shard, read_provenance
 from tasks.plan import make_plan
 from tasks.storage import generic
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 REL = relpaths(2)
 
 

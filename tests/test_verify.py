@@ -23,6 +23,8 @@ from tasks.verification import (BASE, MERGED, PROVENANCE, ROWS, SCHEMA, SHARD_SE
                           verify)
 from tasks.verification.registry import report_order
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_DOC = REPO / "docs" / "verify-report.schema.json"
 SHARDS, ROWS_PER_SHARD = 4, 300

@@ -18,6 +18,8 @@ from tasks.verification.checks import INPUTS, ROWS
 from tasks.verification.footers import FooterFacts, op_records, read_footers
 from test_verify_values import with_image
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 FIRST, LAST = relpaths(2)
 UNREADABLE = "the check unreadable footers count under"
 

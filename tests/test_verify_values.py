@@ -31,6 +31,8 @@ from tasks.verification.values import (DEEP_THREADS, ShardResult, ShardTask, Sha
                                        open_deep, prefetch)
 from tasks.windows import PROBE_ROWS
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 FIRST, LAST = relpaths(2)  # the demo's watermark sidecar has no sibling for the last shard
 EXTENSIONS = FILTER_EXTENSIONS + [{"name": "ernie_image_aes", "type": "ernie_image_aes_score_v1"},
                                   {"name": "watermark", "type": "watermark_score_v1"}]

@@ -26,6 +26,8 @@ from tasks.scorestats import stat_specs
 from tasks.verification import BASE, KEYS, MERGED, verify
 from tasks.verification.values import ShardTask, check_shard
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 ROWS = 40
 REL = relpaths(1)[0]
 GROUPS = st.sampled_from([1, 7, 1000])

@@ -14,6 +14,8 @@ from flows.runconfig import MAX_WINDOW_MIB, RunConfig
 from tasks import storage
 from tasks.errors import ConfigError
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 ROWS = 40_000  # a shard of ~10 MiB decoded: several windows of 1 MiB, one of the default budget
 
 

@@ -30,6 +30,8 @@ from tasks.kernel import PROVENANCE_KEY, Job, merge_shard
 from tasks.storage import local as local_backend
 from tasks.storage import s3 as s3_backend
 
+pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
+
 REL = relpaths(3)
 
 

@@ -1,13 +1,16 @@
 """The W1 contenders: each merges every shard of a case (DQM + AES into the base) into an output folder.
 
 floor    minimal pyarrow: read base, read only the two score columns, append, write (zstd, same row groups)
-kernel   tasks.kernel.merge_shard (read, align-check, write atomically, the post-write check), shard after shard
+kernel   tasks.kernel.merge_shard (read, align-check, write atomically, the post-write check), shard after shard:
+         the copy path (the base's column chunks copied as bytes, tasks/chunkcopy.py)
+kernel_decode   the same with `--recompress zstd`: the decode path (every column decoded and encoded as zstd)
 kernel_noverify   the same chain without the post-write check (store_output: the like-for-like comparison with the floor)
 pandas   pd.read_parquet (pyarrow dtypes) + merge on the keys + to_parquet (zstd, same row groups)
 duckdb   COPY (base POSITIONAL JOIN dqm POSITIONAL JOIN aes) TO parquet (zstd, same row groups)
 
 Also run alone in a fresh interpreter (bench/workloads/probe.py `contender`), not in W1:
 floor_keys   the floor that also reads each source's key column and checks it equals the base's (W7, W9 (a))
+floor_keys_same_codec   the same, writing the base's codec rather than zstd (W7, against the copy path)
 verify_whole the guide's validation of a merged output, whole tables (W9 (e)): read the output, the base and
              each source's key and score columns whole; compare the keys, the base columns, the merged columns
 ray_kernel   plain Ray: one ray.remote merge_shard per shard, a bounded window of refs in flight (W6)
@@ -35,7 +38,8 @@ def _dest(out: str, rel: str) -> str:
 SOURCES = (("dqm", "image_key", "dqm_d1_v6_1"), ("aes", "s3_image_path", "ernie_image_aes"))  # as in bench.yaml
 
 
-def floor(case: Case, out: str, check_keys: bool = False) -> None:
+def floor(case: Case, out: str, check_keys: bool = False, codec: str | None = "zstd") -> None:
+    """`codec` None: the base's own (as its first column chunk names it)."""
     for rel in case.relpaths:
         pf = pq.ParquetFile(case.path("base", rel))
         table = pf.read(use_threads=True)
@@ -46,11 +50,16 @@ def floor(case: Case, out: str, check_keys: bool = False) -> None:
             if check_keys and not src.column(key).equals(table.column(key)):
                 raise ValueError(f"{rel}: {sidecar} {key} differs from the base's")
             table = table.append_column(src.schema.field(column), src.column(column))
-        pq.write_table(table, _dest(out, rel), compression="zstd", row_group_size=groups)
+        compression = codec or pf.metadata.row_group(0).column(0).compression.lower()
+        pq.write_table(table, _dest(out, rel), compression=compression, row_group_size=groups)
 
 
 def floor_keys(case: Case, out: str) -> None:
     floor(case, out, check_keys=True)
+
+
+def floor_keys_same_codec(case: Case, out: str) -> None:
+    floor(case, out, check_keys=True, codec=None)
 
 
 def verify_whole(case: Case, out: str) -> None:
@@ -69,19 +78,23 @@ def verify_whole(case: Case, out: str) -> None:
                 raise ValueError(f"{rel}: the output's {column} differs from {sidecar}'s")
 
 
-def _job(case: Case, out: str):
+def _job(case: Case, out: str, recompress: str = ""):
     from tasks.config import load_pipeline
     from tasks.kernel import Job
 
-    return Job(load_pipeline(case.pipeline), out)
+    return Job(load_pipeline(case.pipeline), out, recompress=recompress)
 
 
-def kernel(case: Case, out: str) -> None:
+def kernel(case: Case, out: str, recompress: str = "") -> None:
     from tasks.kernel import merge_shard
 
-    job = _job(case, out)
+    job = _job(case, out, recompress)
     for rel in case.relpaths:
         merge_shard(job, rel)
+
+
+def kernel_decode(case: Case, out: str) -> None:
+    kernel(case, out, recompress="zstd")
 
 
 def kernel_noverify(case: Case, out: str) -> None:
@@ -147,6 +160,6 @@ def duckdb(case: Case, out: str) -> None:
         con.close()
 
 
-CONTENDERS = {"floor": floor, "kernel": kernel, "kernel_noverify": kernel_noverify, "pandas": pandas,
-              "duckdb": duckdb}
-ALONE = {**CONTENDERS, "floor_keys": floor_keys, "ray_kernel": ray_kernel, "verify_whole": verify_whole}
+CONTENDERS = {"floor": floor, "kernel": kernel, "kernel_decode": kernel_decode, "kernel_noverify": kernel_noverify,
+              "pandas": pandas, "duckdb": duckdb}
+ALONE = {**CONTENDERS, "floor_keys": floor_keys, "floor_keys_same_codec": floor_keys_same_codec, "ray_kernel": ray_kernel, "verify_whole": verify_whole}

@@ -13,6 +13,8 @@ tasks.demo is imported only to build a case, so a floor script that merely loads
   spark    ~128 MiB of compressed parquet a group (Spark's parquet.block.size), rows a group taken from a
            sample write of the same table; each file is cut by its own size, as Spark writes each dataset on
            its own (so the small score sidecars are one row group while a large base is several)
+`codec` is the inputs' compression: zstd (the default), or snappy (Spark's and many real datasets'), which the
+copy path keeps in the output while `--recompress zstd` and the zstd floor rewrite it.
 """
 from __future__ import annotations
 
@@ -110,9 +112,9 @@ def layout_rows(table, layout: str) -> int | None:
     raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
 
 
-def _write(table, path: str, layout: str) -> None:
+def _write(table, path: str, layout: str, codec: str = "zstd") -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    pq.write_table(table, path, compression="zstd", row_group_size=layout_rows(table, layout))
+    pq.write_table(table, path, compression=codec, row_group_size=layout_rows(table, layout))
 
 
 def _same_case(marker: Path, params: dict) -> bool:
@@ -121,18 +123,21 @@ def _same_case(marker: Path, params: dict) -> bool:
         return False
     old = json.loads(marker.read_text())
     old.setdefault("layout", "small")
+    old.setdefault("codec", "zstd")
     return old == params
 
 
 def make_case(root: Path, shards: int, rows: int | list[int], linked: bool = False,
-              layout: str = "small") -> Case:
-    """Build (or reuse) a case; `rows` is per shard (an int for all shards); `layout` cuts the row groups."""
+              layout: str = "small", codec: str = "zstd") -> Case:
+    """Build (or reuse) a case; `rows` is per shard (an int for all shards); `layout` cuts the row groups;
+    `codec` compresses every input."""
     from tasks.demo import relpaths, shard_tables
 
     root = Path(root)
     per_shard = list(rows) if isinstance(rows, list) else [rows] * shards
     params = {"shards": shards, "rows": per_shard if len(set(per_shard)) > 1 else per_shard[0], "linked": linked,
-              "row_group": ROW_GROUP, "version": 2, "layout": layout}
+              "row_group": ROW_GROUP, "version": 2, "layout": layout,
+              "codec": codec}
     rels = relpaths(shards)
     case = Case(root, tuple(rels), tuple(per_shard))
     marker = root / "ready.json"
@@ -150,7 +155,7 @@ def make_case(root: Path, shards: int, rows: int | list[int], linked: bool = Fal
                 for name, table in shard_tables(chunk, per_shard[0]).items():
                     if name in SIDECARS:
                         path = str(root / "templates" / f"{name}-{chunk}.parquet")
-                        _write(table, path, layout)
+                        _write(table, path, layout, codec)
                         templates[chunk][name] = path
             for name in SIDECARS:
                 dest = case.path(name, rel)
@@ -160,7 +165,7 @@ def make_case(root: Path, shards: int, rows: int | list[int], linked: bool = Fal
         for i, rel in enumerate(rels):
             for name, table in shard_tables(i, per_shard[i]).items():
                 if name in SIDECARS:
-                    _write(table, case.path(name, rel), layout)
+                    _write(table, case.path(name, rel), layout, codec)
     write_yamls(root)
     marker.write_text(json.dumps(params))
     return case

@@ -5,9 +5,9 @@ the shared machine hits them alike. Every output is checked for its row count on
 """
 from __future__ import annotations
 
-from pathlib import Path
-
+import os
 import time
+from pathlib import Path
 
 from bench.workloads.common import Row, median, probe, timed
 from bench.workloads.contenders import CONTENDERS
@@ -54,13 +54,22 @@ def run(data: Path, size: dict) -> list[Row]:
     c = {k: median(v[1:] if k != "cli" else v) for k, v in cpu.items()}  # cpu[k][0] is the warm-up pass
     rows_total = sum(case.rows)
     desc = f"{len(case.relpaths)} shards x {case.rows[0]:,} rows, {case.bytes_on_disk() / 2**20:.0f} MiB base"
-    ours = m["flow"]
+    ours, n = m["flow"], len(case.relpaths)
     rows = [
         Row("W1", "(a) floor: minimal pyarrow", m["floor"], samples=samples["floor"], note=desc),
         Row("W1", "(b) kernel without check_written", m["kernel_noverify"], samples=samples["kernel_noverify"],
             ref="(a) floor: minimal pyarrow", goal="<= 1.10", note="like for like with the floor"),
-        Row("W1", "(b') kernel merge_shard (incl. check_written)", m["kernel"], samples=samples["kernel"],
+        Row("W1", "(b') kernel merge_shard (incl. check_written), copy path", m["kernel"], samples=samples["kernel"],
             ref="(a) floor: minimal pyarrow", goal="<= 1.10", note="also re-reads both key columns"),
+        Row("W1", "(b'') kernel merge_shard, decode path (--recompress zstd)", m["kernel_decode"],
+            samples=samples["kernel_decode"], ref="(a) floor: minimal pyarrow", goal="<= 1.10"),
+        Row("W1", "(a) floor: CPU seconds a shard", c["floor"] / n, note="this process, all threads"),
+        Row("W1", "(b') kernel, copy path: CPU seconds a shard", c["kernel"] / n, ref="(a) floor: CPU seconds a shard",
+            goal="<= 0.35", note="issue 35"),
+        Row("W1", "(b'') kernel, decode path: CPU seconds a shard", c["kernel_decode"] / n,
+            ref="(a) floor: CPU seconds a shard"),
+        Row("W1", "(b') output bytes, copy path / decode path", _bytes(case, "kernel") / _bytes(case, "kernel_decode"),
+            unit="x", note="the base's codec kept (here zstd, as the bench writes its inputs) vs zstd"),
         Row("W1", "(c) full flow, thread runner, warm server", m["flow"], samples=samples["flow"],
             ref="(a) floor: minimal pyarrow", goal="<= 1.25", note="merge_flow in-process, server already up"),
         Row("W1", "(c') sidecar-ops run, end to end", m["cli"], samples=samples["cli"],
@@ -78,5 +87,9 @@ def run(data: Path, size: dict) -> list[Row]:
     return rows
 
 
-LABELS = {"floor": "(a)", "kernel_noverify": "(b) ", "kernel": "(b')", "flow": "(c) ", "cli": "(c')",
-          "pandas": "(d)", "duckdb": "(e)"}
+def _bytes(case, name: str) -> int:
+    return sum(os.path.getsize(os.path.join(case.root, "out", name, rel)) for rel in case.relpaths)  # the last pass's
+
+
+LABELS = {"floor": "(a) floor: minimal", "kernel_noverify": "(b) ", "kernel": "(b') kernel merge_shard",
+          "kernel_decode": "(b'') kernel merge_shard", "flow": "(c) ", "cli": "(c')", "pandas": "(d)", "duckdb": "(e)"}
