@@ -272,6 +272,57 @@ class Pieces:
             start = self.start + hi
 
 
+def same_chunks(written: pq.ParquetFile, written_file, base: pq.ParquetFile, base_file, column: str) -> bool | None:
+    """Whether top-level column `column` of the written file holds the base's column chunks, byte for byte, by
+    what pyarrow reads of both footers: None if the footers do not say the chunks are alike (another encoding,
+    codec, size or row groups: the values must be decoded to be compared), else whether every chunk's bytes
+    equal the base's (read through PIECE-sized buffers). Equal bytes under equal column metadata and schema
+    decode to equal values."""
+    a, b = written.metadata, base.metadata
+    leaf_a, leaf_b = _leaf(a, column), _leaf(b, column)
+    if leaf_a is None or leaf_b is None or a.num_row_groups != b.num_row_groups or (
+            not a.schema.column(leaf_a).equals(b.schema.column(leaf_b))):
+        return None
+    ranges = []
+    for g in range(a.num_row_groups):
+        ca, cb = a.row_group(g).column(leaf_a), b.row_group(g).column(leaf_b)
+        if a.row_group(g).num_rows != b.row_group(g).num_rows or _alike(ca) != _alike(cb):
+            return None
+        ranges.append((_start(ca), _start(cb), ca.total_compressed_size))
+    pieces_a, pieces_b = Pieces(written_file), Pieces(base_file)
+    return all(_same_bytes(pieces_a.read(start_a, length), pieces_b.read(start_b, length))
+               for start_a, start_b, length in ranges)
+
+
+def _same_bytes(a: Iterator[memoryview], b: Iterator[memoryview]) -> bool:
+    """Whether two streams of byte pieces (cut anywhere) hold the same bytes."""
+    x = y = memoryview(b"")
+    while True:
+        x = next(a, None) if x is not None and not len(x) else x
+        y = next(b, None) if y is not None and not len(y) else y
+        if x is None or y is None:
+            return x is None and y is None
+        n = min(len(x), len(y))
+        if n and x[:n] != y[:n]:
+            return False
+        x, y = x[n:], y[n:]
+
+
+def _leaf(meta: pq.FileMetaData, column: str) -> int | None:
+    found = [i for i in range(meta.num_columns) if meta.schema.column(i).path == column]
+    return found[0] if len(found) == 1 else None
+
+
+def _start(chunk: pq.ColumnChunkMetaData) -> int:
+    return chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+
+
+def _alike(chunk: pq.ColumnChunkMetaData) -> tuple:
+    """What two chunks must share for equal bytes to mean equal values (their pages' layout included)."""
+    return (chunk.physical_type, chunk.compression, chunk.encodings, chunk.num_values, chunk.total_compressed_size,
+            chunk.total_uncompressed_size, chunk.has_dictionary_page, chunk.data_page_offset - _start(chunk))
+
+
 def encoded_group(p: Plan, readers: dict[int, RowWindows], rows: int, offset: int, plain, step_failed) -> Source:
     """The encoded columns of one output row group of `rows` rows from row `offset`: decoded from their sources,
     changed by their steps and encoded as the decode path encodes them, in a parquet file of one row group."""

@@ -22,6 +22,7 @@ MAGIC = b"PAR1"
 DROPPABLE_CHUNK_FIELDS = {14, 15, 16, 17}
 LAST_WRITTEN_FIELD = 13
 PATH_IN_SCHEMA = 3  # ColumnMetaData's field number
+META_DATA = 3  # ColumnChunk's field number of its ColumnMetaData
 
 
 def read(f, footer_size: int) -> tuple[ThriftObject, int]:
@@ -82,7 +83,8 @@ def moved(chunk: ThriftObject, start: int, path: list[str]) -> ThriftObject:
     """A copy of `chunk`'s metadata for its bytes placed at `start` in the output, under the column path
     `path`: page offsets shifted alike; page indexes and the bloom filter left out (their offsets would point
     into the source file, and the decode path writes neither)."""
-    out = copy.deepcopy(chunk)
+    out = chunk.copy()  # shallow: what changes below is its own dict and its ColumnMetaData's (a copy too)
+    out.contents[META_DATA] = dict(chunk.contents[META_DATA])
     old, _ = chunk_range(chunk)
     shift = start - old
     meta = out.meta_data
@@ -131,8 +133,8 @@ def lossless(obj: ThriftObject | dict, droppable: set[int] = frozenset()) -> boo
 def chunk_lossless(chunk: ThriftObject) -> bool:
     """A ColumnChunk whose fields all survive the writer (its ColumnMetaData may lose the droppable ones)."""
     data = chunk.contents
-    meta = data.get(3)
-    rest = {k: v for k, v in data.items() if k != 3}
+    meta = data.get(META_DATA)
+    rest = {k: v for k, v in data.items() if k != META_DATA}
     return lossless(rest) and (meta is None or lossless(meta, DROPPABLE_CHUNK_FIELDS))
 
 

@@ -365,7 +365,7 @@ def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
     stats, payload, schema = (decode_output(job, relpath, shard, uri) if plan is None
                               else copy_output(job, relpath, shard, plan, uri))
     keys = shard.base.reread(key) if key in shard.base.schema.names else None
-    return check_written(job, relpath, stats, payload, keys, schema)
+    return check_written(job, relpath, stats, payload, keys, schema, (shard.file, shard.base.file))
 
 
 def copy_output(job: Job, relpath: str, shard: OpenShard, plan: chunkcopy.Plan,
@@ -534,11 +534,15 @@ def same_values(a, b) -> bool:
 
 
 def check_written(job: Job, relpath: str, stats: ShardStats, payload: pa.Buffer | None = None,
-                  base_keys: Iterable[pa.Array] | None = None, schema: pa.Schema | None = None) -> ShardStats:
-    """The post-write check: the output's footer (provenance, row count, declared types) and its key column
-    as written, equal to the base's. Read from `payload` (the bytes the store proved it holds) when given,
-    else from the stored object; the base's keys are `base_keys` (as the shard task read them, a batch at a
-    time) when given, else read again."""
+                  base_keys: Iterable[pa.Array] | None = None, schema: pa.Schema | None = None,
+                  base: tuple | None = None) -> ShardStats:
+    """The post-write check: the output's footer (provenance, row count, declared types; the Arrow schema as
+    stored for `schema`, when given) and its key column as written, equal to the base's. Read from `payload`
+    (the bytes the store proved it holds) when given, else from the stored object; the base's keys are
+    `base_keys` (as the shard task read them, a batch at a time) when given, else read again. With `base`
+    (the base's open file and ParquetFile, as the task read it), a key column whose footer says it holds the
+    base's chunks (the copy path's) is compared byte for byte instead (chunkcopy.same_chunks: equal bytes under
+    equal metadata decode to equal values), and decoded only where the footers differ."""
     uri = job.output_uri(relpath)
     key = job.pipeline.dataset.key_column
     try:
@@ -555,10 +559,13 @@ def check_written(job: Job, relpath: str, stats: ShardStats, payload: pa.Buffer 
             if expected is not None and not pf.schema_arrow.remove_metadata().equals(expected):
                 raise ShardError(f"output schema ({pf.schema_arrow.remove_metadata()}) is not the merge's "
                                  f"({expected})".replace("\n", "; "))
-            if base_keys is None:
-                b = parquet_file(stack.enter_context(storage.open_parquet(job.base_uri(relpath))))
-                base_keys = (batch.column(0) for batch in batches(b, [key]))
-            if not same_keys(base_keys, (batch.column(0) for batch in batches(pf, [key]))):
+            copied = None if base is None else chunkcopy.same_chunks(pf, f, base[1], base[0], key)
+            if copied is None:
+                if base_keys is None:
+                    b = parquet_file(stack.enter_context(storage.open_parquet(job.base_uri(relpath))))
+                    base_keys = (batch.column(0) for batch in batches(b, [key]))
+                copied = same_keys(base_keys, (batch.column(0) for batch in batches(pf, [key])))
+            if not copied:
                 raise ShardError(f"key column {key!r} of the output differs from the base")
     except Exception as exc:
         raise _fail(relpath, f"verifying {uri}", exc) from exc

@@ -351,6 +351,9 @@ MUTANTS = [
            "    chunkcopy.check_steps(plan, step_failed)", "    (lambda *_: None)(plan, step_failed)",
            (CC + "test_a_misaligned_sibling_fails_the_copy_before_anything_is_written",
             "tests/test_merge_kernel.py::test_alignment_errors_name_shard_operation_and_rows")),
+    Mutant("Y4", "Keys still proven on the copy path", "the post-write check takes a copied key chunk's bytes as "
+           "equal without comparing them", "tasks/chunkcopy.py", "        if n and x[:n] != y[:n]:",
+           "        if False:", (CC + "test_the_check_compares_copied_key_chunks_byte_for_byte",)),
 ]
 
 

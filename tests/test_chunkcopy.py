@@ -210,6 +210,29 @@ def test_the_post_write_check_fails_a_wrong_copy(tmp_path, monkeypatch):
         merge_shard(job, REL)
 
 
+@pytest.mark.parametrize("group", [0, -1], ids=["first-row-group", "last-row-group"])
+def test_the_check_compares_copied_key_chunks_byte_for_byte(tmp_path, group):
+    """The post-write check of a copied key column compares its chunks' bytes with the base's (their footers
+    alike): the output's bytes as stored pass; one byte changed inside the key chunk of the first or the last
+    row group (its footer untouched) fails the check, naming the key column."""
+    from tasks import kernel, storage
+
+    job, _, _ = make(tmp_path, "small-groups")
+    stats = merge_shard(job, REL)
+    assert stats.path == "copy"
+    out = job.output_uri(REL)
+    data = bytearray(open(out, "rb").read())
+    chunk = pq.read_metadata(out).row_group(group % 10).column(0)
+    assert chunk.path_in_schema == "image_key"
+    with storage.open_parquet(job.base_uri(REL)) as f:
+        base = (f, pq.ParquetFile(f))
+        assert kernel.check_written(job, REL, stats, pa.py_buffer(bytes(data)), base=base).rows == stats.rows
+        start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+        data[start + chunk.total_compressed_size // 2] ^= 0x01
+        with pytest.raises(Exception, match="verifying .*key column 'image_key' of the output differs from the base"):
+            kernel.check_written(job, REL, stats, pa.py_buffer(bytes(data)), base=base)
+
+
 @pytest.mark.parametrize("where", ["dqm", "aes"])
 def test_a_misaligned_sibling_fails_the_copy_before_anything_is_written(tmp_path, where):
     job, base, groups = make(tmp_path, "pyarrow-default")
