@@ -157,7 +157,7 @@ MUTANTS = [
            "    return stats\n    uri = job.output_uri(relpath)\n    key = job.pipeline.dataset.key_column\n",
            (W + "test_post_write_check_fails_an_output_the_writer_got_wrong",)),
     Mutant("L5", "Alignment asserted per shard", "post-write check skips the key comparison", "tasks/kernel.py",
-           "            if not same_keys(base_keys, (batch.column(0) for batch in batches(pf, [key]))):",
+           "            if not copied:",
            "            if False:", (W + "test_post_write_check_fails_an_output_the_writer_got_wrong",)),
     Mutant("L6", "Alignment asserted per shard", "post-write check skips the fingerprint", "tasks/kernel.py",
            "            if not prov or not job.pipeline.accepts(prov.get(\"fingerprint\")):",
@@ -178,7 +178,8 @@ MUTANTS = [
            ("tests/test_s3_requests.py::test_an_upload_corrupted_on_the_way_is_never_taken_for_written",)),
     # ------------------------------------------------------------ memory
     Mutant("L11", "Alignment asserted per shard", "the streamed write does not check what it stored", "tasks/kernel.py",
-           "    return check_written(job, relpath, stats, payload, keys, schema)", "    return stats",
+           "    return check_written(job, relpath, stats, payload, keys, schema, (shard.file, shard.base.file))",
+           "    return stats",
            (W + "test_a_run_fails_the_shard_whose_output_fails_the_check",)),
     Mutant("L12", "Alignment asserted per shard", "the streamed check reads the base's keys anew by path, not again "
            "from the open base file (another request; not the bytes read)", "tasks/kernel.py",
