@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from tasks.storage import ahead, generic
 from tasks.storage.backend import TEMP_MARK, Backend, Written, entry_identity
-from tasks.storage.inflight import WriteAbandoned, abandon_writes
+from tasks.storage.inflight import WriteAbandoned, abandon_writes, run_writes
 from tasks.storage.local import LocalBackend, local_identity
 from tasks.storage.s3 import MULTIPART_THRESHOLD, PART_SIZE, S3Backend, s3_identity
 from tasks.storage.s3 import _s3 as _s3  # tests and benchmarks clear its cache to switch endpoints
@@ -31,7 +31,7 @@ __all__ = ["ABSENT", "MULTIPART_THRESHOLD", "PART_SIZE", "TEMP_MARK", "Backend",
            "Written", "abandon_writes", "backend", "check_relpath", "check_writable", "dictionary_columns",
            "entry_identity", "fetch_ahead", "file_identity", "file_size", "filesystem", "forget_ahead", "inside",
            "is_s3", "join", "lifecycle_note", "list_prefix", "listed", "local_identity", "missing_root", "normalize_prefix", "open_parquet", "pending_uploads", "read_footer",
-           "s3_identity", "sweep_stale", "worker_env_names", "write_atomic", "write_text", "write_windows"]
+           "run_writes", "s3_identity", "sweep_stale", "worker_env_names", "write_atomic", "write_text", "write_windows"]
 
 ACCEPTED = "s3://bucket/path/, file:///abs/path/, or a local path"
 WRITABLE = "s3://, local paths (file://) and memory://"
