@@ -23,7 +23,7 @@ from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.kernel import Job, merge_shard
 from tasks.scorestats import stat_specs
-from tasks.verification import BASE, KEYS, MERGED, verify
+from tasks.verification import BASE, KEYS, MERGED, NO_NAN, verify
 from tasks.verification.values import ShardTask, check_shard
 
 ROWS = 40
@@ -67,6 +67,28 @@ def with_values(table: pa.Table, name: str, rows: set[int], value) -> pa.Table:
 
 def deep(job: Job, window: int) -> dict[str, str]:
     return check_shard(job, ShardTask(REL, deep=True, stats=False, records=None, ranges={}), (), window).failures
+
+
+def nan_score(value, _row):
+    return None if value is None else {**value, "score": float("nan")}
+
+
+@pytest.mark.parametrize("window", [1, 3, ROWS - 1, ROWS])
+@pytest.mark.parametrize("rows", [{0}, {ROWS - 1}, {2, ROWS - 2}, set()], ids=["first", "last", "both-ends", "none"])
+def test_a_nan_score_is_counted_over_the_shard_whatever_the_window(shard, window, rows):
+    """A NaN `score` in the aes sibling, merged as it is (the merged columns equal): the NaN check counts every
+    NaN row of the shard and names the first, in the first window, the last, or both; none: no failure."""
+    job, uris, tables = shard
+    rows = {r for r in rows if tables["aes"]["ernie_image_aes"][r].as_py() is not None}  # a null row has no score
+    planted = {**tables, "out": with_values(tables["out"], "ernie_image_aes", rows, nan_score),
+               "aes": with_values(tables["aes"], "ernie_image_aes", rows, nan_score)}
+    lay_out(uris, planted, {"out": 7, "base": 1000, "dqm": 1, "aes": 7})
+    try:
+        want = {NO_NAN: f"column 'ernie_image_aes.score': {len(rows)} of {ROWS} rows NaN, first at row "
+                        f"{min(rows)}: nan"} if rows else {}
+        assert deep(job, window) == want
+    finally:
+        lay_out(uris, tables, {"out": 1000, "base": 1000, "dqm": 1000, "aes": 1000})
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
