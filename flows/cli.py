@@ -236,21 +236,10 @@ def _report(args, exc: BaseException, label: str) -> None:
     logging.shutdown()
 
 
-abandoned_work = False  # an interrupted run left shard tasks running in this process's threads
-
-
-def console(argv: list[str] | None = None) -> None:
-    """The `sidecar-ops` command. After an interrupted run whose grace period ran out, exit without waiting for
-    the shard threads still running (Python would join them first): their writes never appear (atomic)."""
-    collector.pause()  # until the command's modules are imported (flows/collector.py)
-    code = main(argv, for_good=True)
-    collector.exiting()
-    if abandoned_work:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+abandoned_work = False  # an interrupted run left shard tasks running in this process's threads (flows/console.py)
 
 
 if __name__ == "__main__":
+    from flows.console import console
+
     console()

@@ -236,6 +236,6 @@ def log_plan(logger, plan, summary: Summary) -> None:
 if __name__ == "__main__":
     import sys
 
-    from flows.cli import console
+    from flows.console import console
 
     console(["run", *sys.argv[1:]])
