@@ -1,6 +1,7 @@
 """`sidecar-ops`: run (or dry-run) a merge, verify an output, build the demo.
 
-Exit codes: 0 success; 1 shards failed (or verification failed); 2 bad configuration or arguments;
+Exit codes: 0 success; 1 shards failed (or verification failed, or an unexpected error: a bug of ours); 2 bad
+configuration or arguments, or a store that fails a listing;
 130 interrupted (Ctrl-C, SIGTERM or SIGHUP before the work was done: the summary says what was done and how to
 resume; a signal once the work is done leaves the exit code it earned).
 Errors are one line each; `--debug` adds tracebacks and Prefect/Ray logs.

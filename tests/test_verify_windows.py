@@ -120,10 +120,12 @@ def test_windows_through_any_row_groups_find_every_difference_by_its_shard_row(s
 
 
 @pytest.mark.parametrize("window", [1, 3, ROWS - 1, ROWS])
-def test_a_sibling_with_other_row_counts_fails_alignment_in_every_window_size(shard, window):
+@pytest.mark.parametrize("more", [-1, 1], ids=["one-row-short", "one-row-more"])
+def test_a_sibling_with_other_row_counts_fails_alignment_in_every_window_size(shard, window, more):
     job, uris, tables = shard
-    lay_out(uris, {**tables, "aes": tables["aes"].slice(1)}, {"out": 7, "base": 7, "dqm": 7, "aes": 7})
-    line = f"source shard has {ROWS - 1} rows, the output has {ROWS}"
+    aes = tables["aes"].slice(1) if more < 0 else pa.concat_tables([tables["aes"], tables["aes"].slice(ROWS - 1)])
+    lay_out(uris, {**tables, "aes": aes}, {"out": 7, "base": 7, "dqm": 7, "aes": 7})
+    line = f"source shard has {ROWS + more} rows, the output has {ROWS}"
     assert deep(job, window) == {
         KEYS: f"operations[2] s3_image_path vs source s3_image_path: {line}", MERGED: f"operations[2]: {line}"}
 
