@@ -384,6 +384,10 @@ MUTANTS = [
            '            stop.done = True  # a signal from now on changes nothing\n            if window.abandoned:\n                abandon(runner)\n    stop.done = True\n    not_started = len(plan.todo) - window.submitted\n    if not_started or window.abandoned or stop.reason == "--fail-fast":  # else the stop left nothing undone\n        summary.stopped(stop.reason, not_started=not_started, abandoned=window.abandoned)\n    progress.close()\n    if not summary.failed and not summary.stop_reason:\n        check_outputs(RunOutcome(plan, merged), summary)\n',
            '            if window.abandoned:\n                abandon(runner)\n    not_started = len(plan.todo) - window.submitted\n    if not_started or window.abandoned or stop.reason == "--fail-fast":  # else the stop left nothing undone\n        summary.stopped(stop.reason, not_started=not_started, abandoned=window.abandoned)\n    progress.close()\n    if not summary.failed and not summary.stop_reason:\n        check_outputs(RunOutcome(plan, merged), summary)\n    stop.done = True\n',
            (SIG + "test_a_signal_during_the_run_check_leaves_the_exit_code_the_work_earned",)),
+    Mutant("S6", "Resume trusts only current outputs", "the planner trusts an output with more rows than its "
+           "provenance records (only fewer caught)", "tasks/plan.py",
+           '    if meta.num_rows != prov.get("rows"):', '    if meta.num_rows < prov.get("rows"):',
+           ("tests/test_provenance_trust.py::test_an_output_with_a_row_more_than_its_provenance_records_is_recomputed",)),
     Mutant("V2", "Verify judges more and fewer alike", "verify's row counts catch only missing rows (a duplicated "
            "row passes)", "tasks/verification/checks.py",
            "    if footers.out_rows != footers.base_rows:", "    if footers.out_rows < footers.base_rows:",
