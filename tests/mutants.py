@@ -401,6 +401,11 @@ MUTANTS = [
            "(only fewer caught)", "tasks/verification/values.py",
            "        if pf.metadata.num_rows != self.rows:", "        if pf.metadata.num_rows < self.rows:",
            ("tests/test_verify_windows.py::test_a_sibling_with_other_row_counts_fails_alignment_in_every_window_size",)),
+    Mutant("V5", "A stale output is never reported or verified as current", "stale outputs a stopped run never "
+           "reached left out of the summary's count (reported as if every one was recomputed)", "tasks/summary.py",
+           "        untouched = self.stale - self.stale_recomputed - failed", "        untouched = 0",
+           ("tests/test_stale_recompute.py::"
+            "test_stale_outputs_a_stopped_run_never_reached_are_unfinished_not_recomputed",)),
     Mutant("F3", "Clean failure when storage is down", "any error of a listing task refused as configuration (a "
            "TypeError of ours read as exit 2)", "tasks/plan.py",
            "    except storage.store_errors() as exc:", "    except Exception as exc:",
