@@ -1,6 +1,7 @@
 """`sidecar-ops`: run (or dry-run) a merge, verify an output, build the demo.
 
-Exit codes: 0 success; 1 shards failed (or verification failed); 2 bad configuration or arguments;
+Exit codes: 0 success; 1 shards failed (or verification failed, or an unexpected error: a bug of ours); 2 bad
+configuration or arguments, or a store that fails a listing;
 130 interrupted (Ctrl-C, SIGTERM or SIGHUP before the work was done: the summary says what was done and how to
 resume; a signal once the work is done leaves the exit code it earned).
 Errors are one line each; `--debug` adds tracebacks and Prefect/Ray logs.
@@ -236,21 +237,10 @@ def _report(args, exc: BaseException, label: str) -> None:
     logging.shutdown()
 
 
-abandoned_work = False  # an interrupted run left shard tasks running in this process's threads
-
-
-def console(argv: list[str] | None = None) -> None:
-    """The `sidecar-ops` command. After an interrupted run whose grace period ran out, exit without waiting for
-    the shard threads still running (Python would join them first): their writes never appear (atomic)."""
-    collector.pause()  # until the command's modules are imported (flows/collector.py)
-    code = main(argv, for_good=True)
-    collector.exiting()
-    if abandoned_work:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+abandoned_work = False  # an interrupted run left shard tasks running in this process's threads (flows/console.py)
 
 
 if __name__ == "__main__":
+    from flows.console import console
+
     console()

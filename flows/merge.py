@@ -23,7 +23,7 @@ from tasks.plan import Plan, list_or_refuse, make_plan, prefixes, refuse_foreign
 from tasks.prefect_tasks import RunOutcome, shard_task, list_shards, operation_task, verify_run
 from tasks.progress import Progress
 from tasks.runcheck import RunCheckFailed
-from tasks.storage import Listing, abandon_writes, sweep_stale
+from tasks.storage import Listing, abandon_writes, run_writes, sweep_stale
 from tasks.summary import RunFailed, Summary
 
 PLAN_LINES = 20  # untrusted outputs named one per log line; the rest are counted
@@ -159,7 +159,8 @@ def merge_until(config: RunConfig, stop: Stop) -> Summary | State:
     ui.update(summary.skipped)
     window, merged = Window(), {}
     if plan.todo and not stop.requested:
-        with make_runner(config.runner, PREFECT_API_URL.value()) as runner:
+        # run_writes: once abandoned, a shard still reading never writes after the summary (its thread goes on)
+        with run_writes(), make_runner(config.runner, PREFECT_API_URL.value()) as runner:
             run_shards(ShardSteps(runner, plan, config), plan.todo, config, summary, progress, ui, logger, stop,
                        window, merged)
             stop.done = True  # a signal from now on changes nothing
@@ -235,6 +236,6 @@ def log_plan(logger, plan, summary: Summary) -> None:
 if __name__ == "__main__":
     import sys
 
-    from flows.cli import console
+    from flows.console import console
 
     console(["run", *sys.argv[1:]])

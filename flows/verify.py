@@ -96,6 +96,6 @@ def check(config: RunConfig) -> dict:
 if __name__ == "__main__":
     import sys
 
-    from flows.cli import console
+    from flows.console import console
 
     console(["verify", *sys.argv[1:]])

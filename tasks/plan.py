@@ -108,18 +108,17 @@ class Plan:
 
 def list_or_refuse(prefix: str, what: str, listing=None) -> storage.Listing:
     """The listing of `prefix` (`listing()` when given: a listing task's result), or one line naming `what` the
-    prefix is when the store refuses it (ConfigError). A listing task's failure is the client library's own error
+    prefix is when the store fails it (ConfigError). A listing task's failure is the client library's own error
     as Prefect re-raises it (botocore's EndpointConnectionError for a store that is down, not s3fs's OSError):
-    any of them is that line."""
+    any error of the store's families (storage.store_errors) is that line; any other error is a bug of ours and
+    goes on as it is (the command's "unexpected" line, exit 1), never read as a refusal."""
     try:
         return listing() if listing is not None else storage.list_prefix(prefix)
     except PermissionError as exc:
         raise ConfigError(f"cannot list {what} {prefix}: access denied ({exc})") from None
     except OSError as exc:
         raise ConfigError(f"cannot list {what} {prefix}: {exc}") from None
-    except Exception as exc:
-        if listing is None:
-            raise
+    except storage.store_errors() as exc:
         raise ConfigError(f"cannot list {what} {prefix}: {type(exc).__name__}: {exc}") from None
 
 

@@ -355,6 +355,69 @@ MUTANTS = [
     Mutant("Y4", "Keys still proven on the copy path", "the post-write check takes a copied key chunk's bytes as "
            "equal without comparing them", "tasks/chunkcopy.py", "        if n and x[:n] != y[:n]:",
            "        if False:", (CC + "test_the_check_compares_copied_key_chunks_byte_for_byte",)),
+    # ------------------------------------------------------------ issue 34: the edges of the promises
+    Mutant("A5", "Atomic shards", "a local write stopped by Ctrl-C or SystemExit leaves its temp file (clean-up on "
+           "Exception only)", "tasks/storage/local.py",
+           "            except BaseException:\n                temp.remove()",
+           "            except Exception:\n                temp.remove()",
+           ("tests/test_interrupted_write.py::test_a_write_stream_interrupted_half_way_leaves_no_temp_file",
+            "tests/test_interrupted_write.py::test_a_shard_merge_interrupted_while_writing_leaves_no_temp_file")),
+    Mutant("M4", "Memory bounded by a window budget", "fetch-ahead evicts one object where several must go (150 "
+           "bytes held under a 100-byte budget)", "tasks/storage/ahead.py",
+           "        while _waiting and _held() + size > BUDGET:", "        if _waiting and _held() + size > BUDGET:",
+           ("tests/test_fetch_ahead.py::test_the_bytes_held_never_exceed_the_budget_after_any_fetch",)),
+    Mutant("E4", "A merge run ends checked", "one output per base shard checked only for the shards the run merged "
+           "(a kept output deleted passes)", "tasks/runcheck.py",
+           "    missing = [rel for rel in base if rel not in fresh.shards]",
+           "    missing = [rel for rel in base if rel not in fresh.shards and rel in merged]",
+           (RC + "test_a_kept_output_deleted_before_the_check_fails_it",)),
+    Mutant("N6", "One way to be interrupted", "a stop that abandoned every shard in flight, all submitted, reported "
+           "as a run that finished (Completed, exit 0)", "flows/merge.py",
+           '    if not_started or window.abandoned or stop.reason == "--fail-fast":',
+           '    if not_started or stop.reason == "--fail-fast":',
+           ("tests/test_interrupt_all_submitted.py::"
+            "test_a_signal_once_every_shard_is_submitted_abandons_them_all_and_none_writes_after",)),
+    Mutant("N7", "One way to be interrupted", "a shard abandoned while it still read writes its output after the "
+           "summary (the run's writes not closed)", "tasks/storage/inflight.py",
+           "        late = run is not None and run.closed", "        late = False",
+           ("tests/test_run_writes.py::test_a_write_starting_after_its_run_abandoned_its_writes_never_publishes",
+            "tests/test_interrupt_all_submitted.py::"
+            "test_a_signal_once_every_shard_is_submitted_abandons_them_all_and_none_writes_after")),
+    Mutant("G7", "One way to be interrupted", "the work counted done only after the run's check (a signal during "
+           "the check taken as a request to stop)", "flows/merge.py",
+           '            stop.done = True  # a signal from now on changes nothing\n            if window.abandoned:\n                abandon(runner)\n    stop.done = True\n    not_started = len(plan.todo) - window.submitted\n    if not_started or window.abandoned or stop.reason == "--fail-fast":  # else the stop left nothing undone\n        summary.stopped(stop.reason, not_started=not_started, abandoned=window.abandoned)\n    progress.close()\n    if not summary.failed and not summary.stop_reason:\n        check_outputs(RunOutcome(plan, merged), summary)\n',
+           '            if window.abandoned:\n                abandon(runner)\n    not_started = len(plan.todo) - window.submitted\n    if not_started or window.abandoned or stop.reason == "--fail-fast":  # else the stop left nothing undone\n        summary.stopped(stop.reason, not_started=not_started, abandoned=window.abandoned)\n    progress.close()\n    if not summary.failed and not summary.stop_reason:\n        check_outputs(RunOutcome(plan, merged), summary)\n    stop.done = True\n',
+           (SIG + "test_a_signal_during_the_run_check_leaves_the_exit_code_the_work_earned",)),
+    Mutant("S6", "Resume trusts only current outputs", "the planner trusts an output with more rows than its "
+           "provenance records (only fewer caught)", "tasks/plan.py",
+           '    if meta.num_rows != prov.get("rows"):', '    if meta.num_rows < prov.get("rows"):',
+           ("tests/test_provenance_trust.py::test_an_output_with_a_row_more_than_its_provenance_records_is_recomputed",)),
+    Mutant("V2", "Verify judges more and fewer alike", "verify's row counts catch only missing rows (a duplicated "
+           "row passes)", "tasks/verification/checks.py",
+           "    if footers.out_rows != footers.base_rows:", "    if footers.out_rows < footers.base_rows:",
+           ("tests/test_verify.py::test_one_row_duplicated",)),
+    Mutant("V3", "Verify judges more and fewer alike", "a value check's flagged rows counted per window, not over "
+           "the shard (a NaN in the first window only is lost)", "tasks/verification/values.py",
+           "        flagged = self.streams.flagged.setdefault((name, what), Flagged(name, what, self.streams.rows))",
+           "        flagged = Flagged(name, what, self.streams.rows)",
+           ("tests/test_verify_windows.py::test_a_nan_score_is_counted_over_the_shard_whatever_the_window",)),
+    Mutant("V4", "Verify judges more and fewer alike", "a sibling with more rows than the output read as aligned "
+           "(only fewer caught)", "tasks/verification/values.py",
+           "        if pf.metadata.num_rows != self.rows:", "        if pf.metadata.num_rows < self.rows:",
+           ("tests/test_verify_windows.py::test_a_sibling_with_other_row_counts_fails_alignment_in_every_window_size",)),
+    Mutant("V5", "A stale output is never reported or verified as current", "stale outputs a stopped run never "
+           "reached left out of the summary's count (reported as if every one was recomputed)", "tasks/summary.py",
+           "        untouched = self.stale - self.stale_recomputed - failed", "        untouched = 0",
+           ("tests/test_stale_recompute.py::"
+            "test_stale_outputs_a_stopped_run_never_reached_are_unfinished_not_recomputed",)),
+    Mutant("F3", "Clean failure when storage is down", "any error of a listing task refused as configuration (a "
+           "TypeError of ours read as exit 2)", "tasks/plan.py",
+           "    except storage.store_errors() as exc:", "    except Exception as exc:",
+           ("tests/test_listing_errors.py::test_a_bug_of_ours_in_the_listing_is_not_a_refusal",)),
+    Mutant("F4", "Clean failure when storage is down", "an unreachable endpoint waited for with botocore's own "
+           "backoff (~55 s a listing)", "tasks/storage/s3.py",
+           '    session.register("needs-retry.s3", connect_retry(attempts))', "    pass",
+           ("tests/test_listing_errors.py::test_a_listing_of_a_store_that_does_not_answer_fails_within_half_a_minute",)),
 ]
 
 

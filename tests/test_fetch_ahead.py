@@ -302,6 +302,41 @@ def test_the_byte_budget_drops_the_oldest_and_never_fetches_what_exceeds_it(monk
     assert ahead.waiting() == 0
 
 
+@pytest.mark.parametrize("sizes", [(30, 30, 30, 90), (60, 50), (50, 50, 1), (99, 1, 100), (1, 1, 1, 1, 97, 3)],
+                         ids=lambda s: "-".join(map(str, s)))
+def test_the_bytes_held_never_exceed_the_budget_after_any_fetch(monkeypatch, sizes):
+    """After every fetch (the only call that adds to the table) the bytes held are at most the budget, and the
+    object just asked for is among them: the budget is spent on the newest, evicting as many of the oldest as
+    it takes (one eviction is not always enough: 30+30+30, then 90), never more (a budget filled exactly)."""
+    monkeypatch.setattr(ahead, "BUDGET", 100)
+    gate = threading.Event()  # the fetches stay in flight: held bytes are counted from the start
+
+    def read_range(start, end):
+        gate.wait(30)
+        return b"x" * (end - start)
+
+    seen, order = [], []
+    try:
+        for i, size in enumerate(sizes):
+            uri = f"s3://b/{i}.parquet"
+            ahead.fetch(uri, str(i), size, {}, lambda c: True, read_range)
+            order.append((uri, size))
+            seen.append(ahead.held())
+            assert ahead.waiting(uri) == 1, f"the newest object ({size} bytes) was not kept"
+            kept, total = 0, 0  # what the budget keeps: the newest objects that fit, and no fewer
+            for _, s in reversed(order):
+                if total + s > 100:
+                    break
+                kept, total = kept + 1, total + s
+            assert ahead.waiting() == kept and ahead.held() == total, (sizes[: i + 1], ahead.waiting())
+        assert max(seen) <= 100, seen
+    finally:
+        gate.set()
+        for i in range(len(sizes)):
+            ahead.drop(f"s3://b/{i}.parquet")
+    assert ahead.held() == 0
+
+
 def test_backends_without_round_trips_fetch_nothing(tmp_path):
     """Local files are memory-mapped: fetching ahead would only copy them."""
     path = str(tmp_path / "x.parquet")

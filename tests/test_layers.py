@@ -116,6 +116,55 @@ def test_imports_point_down_without_cycles():
     assert violations() == []
 
 
+def importers_of_the_commands(root: Path = ROOT) -> list[str]:
+    """Modules that import the command line (flows.cli, flows.console) anywhere, main guards and functions
+    included, other than the console itself and the command layer's own main guard: the flows must never point
+    back at the commands (the circle cli -> launch -> merge/verify -> cli, for `console`, is gone)."""
+    mods = modules(root)
+    known = set(mods)
+    out = []
+    for name, path in mods.items():
+        if name in ("flows.console", "flows.cli"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            targets = {_project_module(n, known) for n in names}
+            if "flows.cli" in targets or ("flows.console" in targets and not _in_main_guard(tree, node)):
+                out.append(f"{path.relative_to(root).as_posix()}:{node.lineno}")
+    return out
+
+
+def _in_main_guard(tree: ast.Module, target: ast.AST) -> bool:
+    return any(target is n for node in tree.body if _is_main_guard(node) for n in ast.walk(node))
+
+
+def test_only_entry_points_import_the_console_and_only_the_console_imports_the_commands():
+    assert importers_of_the_commands() == []
+    import flows.cli
+    import flows.console
+
+    assert not hasattr(flows.cli, "console"), "the console script's function lives in flows/console.py"
+    assert callable(flows.console.console)
+
+
+def test_the_console_script_is_the_console_module():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'sidecar-ops = "flows.console:console"' in text
+
+
+def test_the_command_check_sees_a_flow_importing_the_commands(tmp_path):
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "flows" / "cli.py").write_text("")
+    (tmp_path / "flows" / "console.py").write_text("from flows import cli\n")
+    (tmp_path / "flows" / "merge.py").write_text('if __name__ == "__main__":\n    from flows.cli import main\n')
+    (tmp_path / "flows" / "verify.py").write_text('if __name__ == "__main__":\n    from flows.console import console\n')
+    assert importers_of_the_commands(tmp_path) == ["flows/merge.py:2"]
+
+
 @pytest.mark.parametrize("source, expected", [
     ({"tasks/a.py": "from flows import b\n", "flows/b.py": ""}, "the work layer imports flows.b"),
     ({"tasks/a.py": "def f():\n    import tasks.b\n", "tasks/b.py": ""}, "imports tasks.b inside a function"),

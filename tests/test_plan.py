@@ -359,12 +359,12 @@ def test_shards_whose_footers_differ_only_in_metadata_predict_one_schema(tmp_pat
 
 
 def test_a_listing_task_that_fails_is_one_line_naming_the_prefix(tmp_path):
-    """The listing task's own failure, whatever its type, is the planner's one line (not the prefix listed
-    again by the planner, which could succeed and hide it)."""
+    """The listing task's own failure of the store's families is the planner's one line (not the prefix listed
+    again by the planner, which could succeed and hide it); tests/test_listing_errors.py has each family."""
     def failed():
-        raise RuntimeError("the listing task crashed")
+        raise TimeoutError("the store did not answer")
 
     prefix = storage.normalize_prefix(str(tmp_path))
     with pytest.raises(ConfigError) as refused:
         list_or_refuse(prefix, "base prefix", failed)
-    assert str(refused.value) == f"cannot list base prefix {prefix}: RuntimeError: the listing task crashed"
+    assert str(refused.value) == f"cannot list base prefix {prefix}: the store did not answer"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 from core_fixtures import build, get_bytes, identities, read_meta, read_table, write_table
 from test_flow_local import REL, SHARDS, assert_output_equals_inputs, summary_counts
@@ -48,6 +49,23 @@ def test_an_output_cut_short_with_its_provenance_kept_is_recomputed(merged, run,
     assert code == 0, out + err
     assert f"outputs complete:       {SHARDS - 1}\n" in out, out
     assert f"{REL[1]} ({before['rows'] - 1} rows, {before['rows']} recorded)" in out, out
+    code, out, err = run(merged.pipeline, "--output-prefix", merged.output)
+    assert code == 0 and summary_counts(out) == (SHARDS, 1, SHARDS - 1, 0), out + err
+    assert read_meta(uri).num_rows == before["rows"]
+    assert_output_equals_inputs(merged)
+
+
+def test_an_output_with_a_row_more_than_its_provenance_records_is_recomputed(merged, run, cli):
+    """The other side of a cut-short output: its last row written twice, its provenance kept."""
+    uri = merged.output + REL[1]
+    before = read_provenance(read_meta(uri))
+    rewrite(uri, change_table=lambda t: pa.concat_tables([t, t.slice(t.num_rows - 1)]))
+    assert read_provenance(read_meta(uri)) == before and read_meta(uri).num_rows == before["rows"] + 1
+
+    code, out, err = cli("run", merged.pipeline, "--output-prefix", merged.output, "--dry-run")
+    assert code == 0, out + err
+    assert f"outputs complete:       {SHARDS - 1}\n" in out, out
+    assert f"{REL[1]} ({before['rows'] + 1} rows, {before['rows']} recorded)" in out, out
     code, out, err = run(merged.pipeline, "--output-prefix", merged.output)
     assert code == 0 and summary_counts(out) == (SHARDS, 1, SHARDS - 1, 0), out + err
     assert read_meta(uri).num_rows == before["rows"]

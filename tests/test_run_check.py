@@ -62,6 +62,39 @@ def test_a_base_shard_without_output_fails_the_check(tmp_path, root):
     assert check(plan, merged).problems == [f"1 base shard(s) have no output, e.g. {REL[1]}"]
 
 
+def resumed_run(tmp_path, root, kept: int):
+    """A resumed run's facts: the first `kept` shards were merged by an earlier run and kept by this one's plan,
+    the rest merged by this run."""
+    setup = build(tmp_path, root, shards=SHARDS)
+    earlier = Job(load_pipeline(setup.pipeline), setup.output, run_id="run-a")
+    for rel in REL[:kept]:
+        merge_shard(earlier, rel)
+    job = Job(earlier.pipeline, setup.output, run_id="run-b")
+    plan = make_plan(job)
+    assert sorted(plan.complete) == REL[:kept]
+    return setup, plan, {rel: merge_shard(job, rel) for rel in REL[kept:]}
+
+
+@pytest.mark.parametrize("kept", [1, SHARDS - 1, SHARDS], ids=["first-kept", "all-but-one-kept", "all-kept"])
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_a_kept_output_deleted_before_the_check_fails_it(tmp_path, root, kept, which):
+    """One output per base shard holds for the outputs the run kept as for those it wrote: a kept output
+    deleted after the plan kept it (another process, an operator's clean-up) fails the check."""
+    setup, plan, merged = resumed_run(tmp_path, root, kept)
+    assert check(plan, merged).ok
+    gone = REL[0] if which == "first" else REL[kept - 1]
+    remove(setup.output + gone)
+    assert check(plan, merged).problems == [f"1 base shard(s) have no output, e.g. {gone}"]
+
+
+@pytest.mark.parametrize("kept", [0, 1, SHARDS], ids=["none-kept", "some-kept", "all-kept"])
+def test_every_output_deleted_before_the_check_fails_it_naming_each(tmp_path, root, kept):
+    setup, plan, merged = resumed_run(tmp_path, root, kept)
+    for rel in REL:
+        remove(setup.output + rel)
+    assert check(plan, merged).problems == [f"{SHARDS} base shard(s) have no output, e.g. {', '.join(REL)}"]
+
+
 def test_an_output_rewritten_after_its_check_fails_the_check(tmp_path, root):
     setup, plan, merged = merged_run(tmp_path, root)
     write_table(read_table(setup.output + REL[0]).slice(1), setup.output + REL[0])  # another writer's
@@ -178,3 +211,26 @@ def test_an_output_gone_before_the_check_fails_the_run(tmp_path, root, run, monk
     assert code == 1, out + err
     assert f"run check FAILED: 1 base shard(s) have no output, e.g. {REL[2]}" in err
     assert "shards: 3 total, 3 merged, 0 skipped (already complete), 0 failed" in err
+
+
+def test_a_kept_output_gone_before_the_check_fails_the_resumed_run(tmp_path, root, run, monkeypatch):
+    """A resumed run keeps the outputs of the first run but one; another process deletes a kept one after the
+    plan kept it, before the run's check: the run fails (exit 1), naming it."""
+    import tasks.prefect_tasks
+
+    setup = build(tmp_path, root, shards=SHARDS)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
+    assert code == 0, out + err
+    remove(setup.output + REL[1])  # this one is merged again; REL[0] and REL[2] are kept
+    real = tasks.prefect_tasks.check_run
+
+    def delete_then_check(plan, merged, fresh):
+        assert sorted(merged) == [REL[1]]
+        remove(setup.output + REL[2])
+        return real(plan, merged, storage.list_prefix(plan.job.output_prefix))
+
+    monkeypatch.setattr(tasks.prefect_tasks, "check_run", delete_then_check)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
+    assert code == 1, out + err
+    assert f"run check FAILED: 1 base shard(s) have no output, e.g. {REL[2]}" in err
+    assert "shards: 3 total, 1 merged, 2 skipped (already complete), 0 failed" in err

@@ -120,6 +120,32 @@ def test_a_signal_during_the_summary_leaves_the_exit_code_the_work_earned(tmp_pa
     assert flow_run_state(setup.pipeline) == ("FAILED" if failing else "COMPLETED")
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["merged", "all-kept"])
+def test_a_signal_during_the_run_check_leaves_the_exit_code_the_work_earned(tmp_path, run, monkeypatch, kept):
+    """Between the last shard and the summary, the run's check (the verify-run task): the work is done, so the
+    signal is noted and the run ends as it earned, whether it merged its shards or kept them all (a resumed run
+    with nothing to do, which never starts a shard)."""
+    import tasks.prefect_tasks
+
+    setup = build(tmp_path, str(tmp_path / "data"), shards=SHARDS)
+    if kept:
+        assert run(setup.pipeline, "--output-prefix", setup.output)[0] == 0
+    real_check = tasks.prefect_tasks.check_run
+
+    def check_run(*args, **kwargs):
+        kill_self()
+        return real_check(*args, **kwargs)
+
+    monkeypatch.setattr(tasks.prefect_tasks, "check_run", check_run)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
+    assert code == 0, out + err
+    assert summary_counts(out) == ((SHARDS, 0, SHARDS, 0) if kept else (SHARDS, SHARDS, 0, 0)), out
+    assert "run check passed" in out and "interrupted" not in out + err and "stopping" not in err
+    assert err.strip().splitlines()[-1] == ("(SIGTERM received after the work was done: ignored, the result "
+                                            "stands)")
+    assert flow_run_state(setup.pipeline) == "COMPLETED"
+
+
 def test_libraries_cannot_replace_the_runs_signal_handler():
     """Prefect's flow engine (capture_sigterm) and Ray's init (set_sigterm_handler) install SIGTERM handlers of
     their own; while the command line owns the signals those installs are refused (the real functions, called

@@ -11,6 +11,7 @@ import json
 import os
 
 from core_fixtures import build, get_bytes, swap_rows_fn
+from test_interrupt import signal_at  # noqa: F401 (a fixture)
 from test_flow_local import REL, SHARDS, summary_counts
 
 from tasks.verification import INPUTS
@@ -44,3 +45,25 @@ def test_failed_recompute_of_a_stale_output_is_reported_and_fails_verify(tmp_pat
     assert failed == {INPUTS: [{"path": broken, "detail": "stale: operations[0] sibling changed since it was "
                                 "written (the same comparison a run's plan makes); rerun the merge to recompute "
                                 "it"}]}, failed
+
+
+def test_stale_outputs_a_stopped_run_never_reached_are_unfinished_not_recomputed(tmp_path, run, signal_at):
+    """The third side: every output stale, the run stopped by SIGTERM at the third shard's read (one shard at a
+    time): three recomputed, three never started, counted unfinished with their old outputs left, not current."""
+    import signal
+
+    from test_interrupt import REL as ALL, SHARDS as COUNT, STOP_AT
+
+    setup = build(tmp_path, str(tmp_path / "data") + "/", shards=COUNT)
+    assert run(setup.pipeline, "--output-prefix", setup.output)[0] == 0
+    for rel in ALL:  # same bytes, a new identity: every output stale
+        sibling = setup.prefixes["dqm"] + rel
+        os.utime(sibling, ns=(os.stat(sibling).st_mtime_ns + 10**9,) * 2)
+    old = {rel: get_bytes(setup.output + rel) for rel in ALL}
+    signal_at(signal.SIGTERM)
+    code, out, err = run(setup.pipeline, "--output-prefix", setup.output, "--max-inflight", "1")
+    assert code == 130, out + err
+    left = COUNT - STOP_AT
+    assert (f"stale outputs (inputs changed since they were written): {COUNT} ({STOP_AT} recomputed, {left} "
+            "unfinished: their old outputs remain and are not current)") in err, err
+    assert [rel for rel in ALL if get_bytes(setup.output + rel) == old[rel]] == ALL[STOP_AT:]

@@ -138,6 +138,26 @@ def test_one_row_dropped(merged):
     assert [f.path for f in failing(report)[BASE]] == [rel]
 
 
+def duplicated(row: int):
+    """The table with row `row` written twice (one row more than the base, every key still there)."""
+    return lambda t: pa.concat_tables([t.slice(0, row + 1), t.slice(row)])
+
+
+@pytest.mark.parametrize("row", [0, ROWS_PER_SHARD - 1], ids=["first-row", "last-row"])
+@pytest.mark.parametrize("samples", [50, 0], ids=["sampled", "footers-only"])
+def test_one_row_duplicated(merged, row, samples):
+    """More rows than the base fails the row counts as fewer does, from the footers alone (no shard sampled)."""
+    pipeline, out = merged
+    rel = relpaths(SHARDS)[1]
+    rewrite(out, rel, duplicated(row))
+    report = run_verify(pipeline, out, samples=samples)
+    assert set(failing(report)) == ({ROWS, BASE} if samples else {ROWS})
+    assert [(f.path, f.detail) for f in failing(report)[ROWS]] == [
+        (rel, f"output has {ROWS_PER_SHARD + 1} rows, base has {ROWS_PER_SHARD}")]
+    if samples:
+        assert [f.path for f in failing(report)[BASE]] == [rel]
+
+
 def test_base_column_altered(merged):
     pipeline, out = merged
     rel = relpaths(SHARDS)[0]

@@ -23,7 +23,7 @@ from tasks.config import load_pipeline
 from tasks.demo import relpaths
 from tasks.kernel import Job, merge_shard
 from tasks.scorestats import stat_specs
-from tasks.verification import BASE, KEYS, MERGED, verify
+from tasks.verification import BASE, KEYS, MERGED, NO_NAN, verify
 from tasks.verification.values import ShardTask, check_shard
 
 pytestmark = pytest.mark.usefixtures("merge_path")  # every test on the copy and the decode path
@@ -71,6 +71,28 @@ def deep(job: Job, window: int) -> dict[str, str]:
     return check_shard(job, ShardTask(REL, deep=True, stats=False, records=None, ranges={}), (), window).failures
 
 
+def nan_score(value, _row):
+    return None if value is None else {**value, "score": float("nan")}
+
+
+@pytest.mark.parametrize("window", [1, 3, ROWS - 1, ROWS])
+@pytest.mark.parametrize("rows", [{0}, {ROWS - 1}, {2, ROWS - 2}, set()], ids=["first", "last", "both-ends", "none"])
+def test_a_nan_score_is_counted_over_the_shard_whatever_the_window(shard, window, rows):
+    """A NaN `score` in the aes sibling, merged as it is (the merged columns equal): the NaN check counts every
+    NaN row of the shard and names the first, in the first window, the last, or both; none: no failure."""
+    job, uris, tables = shard
+    rows = {r for r in rows if tables["aes"]["ernie_image_aes"][r].as_py() is not None}  # a null row has no score
+    planted = {**tables, "out": with_values(tables["out"], "ernie_image_aes", rows, nan_score),
+               "aes": with_values(tables["aes"], "ernie_image_aes", rows, nan_score)}
+    lay_out(uris, planted, {"out": 7, "base": 1000, "dqm": 1, "aes": 7})
+    try:
+        want = {NO_NAN: f"column 'ernie_image_aes.score': {len(rows)} of {ROWS} rows NaN, first at row "
+                        f"{min(rows)}: nan"} if rows else {}
+        assert deep(job, window) == want
+    finally:
+        lay_out(uris, tables, {"out": 1000, "base": 1000, "dqm": 1000, "aes": 1000})
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @example(groups=(7, 1000, 1, 7), window=3, widths={ROWS - 1}, keys=set())        # only in the last window
 @example(groups=(1000, 7, 7, 1), window=3, widths={2, ROWS - 1}, keys={ROWS - 2})  # the first and the last
@@ -100,10 +122,12 @@ def test_windows_through_any_row_groups_find_every_difference_by_its_shard_row(s
 
 
 @pytest.mark.parametrize("window", [1, 3, ROWS - 1, ROWS])
-def test_a_sibling_with_other_row_counts_fails_alignment_in_every_window_size(shard, window):
+@pytest.mark.parametrize("more", [-1, 1], ids=["one-row-short", "one-row-more"])
+def test_a_sibling_with_other_row_counts_fails_alignment_in_every_window_size(shard, window, more):
     job, uris, tables = shard
-    lay_out(uris, {**tables, "aes": tables["aes"].slice(1)}, {"out": 7, "base": 7, "dqm": 7, "aes": 7})
-    line = f"source shard has {ROWS - 1} rows, the output has {ROWS}"
+    aes = tables["aes"].slice(1) if more < 0 else pa.concat_tables([tables["aes"], tables["aes"].slice(ROWS - 1)])
+    lay_out(uris, {**tables, "aes": aes}, {"out": 7, "base": 7, "dqm": 7, "aes": 7})
+    line = f"source shard has {ROWS + more} rows, the output has {ROWS}"
     assert deep(job, window) == {
         KEYS: f"operations[2] s3_image_path vs source s3_image_path: {line}", MERGED: f"operations[2]: {line}"}
 

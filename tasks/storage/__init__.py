@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from tasks.storage import ahead, generic
 from tasks.storage.backend import TEMP_MARK, Backend, Written, entry_identity
-from tasks.storage.inflight import WriteAbandoned, abandon_writes
+from tasks.storage.inflight import WriteAbandoned, abandon_writes, run_writes
 from tasks.storage.local import LocalBackend, local_identity
 from tasks.storage.s3 import MULTIPART_THRESHOLD, PART_SIZE, S3Backend, s3_identity
 from tasks.storage.s3 import _s3 as _s3  # tests and benchmarks clear its cache to switch endpoints
@@ -31,7 +31,7 @@ __all__ = ["ABSENT", "MULTIPART_THRESHOLD", "PART_SIZE", "TEMP_MARK", "Backend",
            "Written", "abandon_writes", "backend", "check_relpath", "check_writable", "dictionary_columns",
            "entry_identity", "fetch_ahead", "file_identity", "file_size", "filesystem", "forget_ahead", "inside",
            "is_s3", "join", "lifecycle_note", "list_prefix", "listed", "local_identity", "missing_root", "normalize_prefix", "open_parquet", "pending_uploads", "read_footer",
-           "s3_identity", "sweep_stale", "worker_env_names", "write_atomic", "write_text", "write_windows"]
+           "run_writes", "s3_identity", "store_errors", "sweep_stale", "worker_env_names", "write_atomic", "write_text", "write_windows"]
 
 ACCEPTED = "s3://bucket/path/, file:///abs/path/, or a local path"
 WRITABLE = "s3://, local paths (file://) and memory://"
@@ -165,6 +165,21 @@ def list_prefix(prefix: str) -> Listing:
         else:
             others.append(rel)
     return Listing(prefix, shards, tuple(others), exists=True, ids=ids)
+
+
+def store_errors() -> tuple[type[BaseException], ...]:
+    """The error families a store's client raises for trouble of the store, never of our code: OSError (what
+    fsspec's implementations turn most errors into, and its FSTimeoutError), botocore's (BotoCoreError: cannot
+    connect, timeouts, bad credentials; ClientError: an error reply) and aiohttp's (fsspec's http), each only
+    once its library is imported: nothing else can raise them."""
+    errors: list[type[BaseException]] = [OSError]
+    if "fsspec.exceptions" in sys.modules:
+        errors.append(sys.modules["fsspec.exceptions"].FSTimeoutError)
+    if "botocore.exceptions" in sys.modules:
+        errors += [sys.modules["botocore.exceptions"].BotoCoreError, sys.modules["botocore.exceptions"].ClientError]
+    if "aiohttp" in sys.modules:
+        errors.append(sys.modules["aiohttp"].ClientError)
+    return tuple(errors)
 
 
 def file_identity(uri: str, opened=None) -> str:

@@ -107,7 +107,7 @@ def fetch(uri: str, identity: str, size: int, details: dict, wanted: Callable[[s
     with _lock:
         if (uri, identity) in _waiting:
             return
-        while _waiting and sum(s for s, _ in _waiting.values()) + size > BUDGET:
+        while _waiting and _held() + size > BUDGET:
             _, (_, dropped) = _waiting.popitem(last=False)
             dropped.cancel()
         objects, ranges = _pools()
@@ -132,6 +132,16 @@ def drop(uri: str) -> None:
     with _lock:
         for key in [key for key in _waiting if key[0] == uri]:
             _waiting.pop(key)[1].cancel()
+
+
+def held() -> int:
+    """Bytes of the fetched objects waiting to be taken (or in flight): never more than BUDGET."""
+    with _lock:
+        return _held()
+
+
+def _held() -> int:
+    return sum(size for size, _ in _waiting.values())
 
 
 def waiting(uri: str | None = None) -> int:

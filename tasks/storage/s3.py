@@ -33,7 +33,11 @@ PART_SIZE = int(os.environ.get("SIDECAR_OPS_PART_SIZE") or 32 * 2**20)
 ABORT_ATTEMPTS = 5
 DEFAULT_MAX_ATTEMPTS = 8      # botocore attempts per request (AWS_MAX_ATTEMPTS overrides)
 DEFAULT_RETRY_MODE = "adaptive"  # exponential backoff with jitter + client-side rate limiting on throttles
-CONNECT_TIMEOUT, READ_TIMEOUT = 10, 120  # seconds, per attempt
+CONNECT_TIMEOUT, READ_TIMEOUT = 5, 120  # seconds, per attempt
+# Seconds at most between two attempts to reach an endpoint that refused the connection or did not answer it:
+# botocore's backoff (up to 20 s a wait) kept a closed port busy for ~55 s a request; capped, every attempt is
+# still made, and an unreachable store fails within a minute (8 attempts: 7 waits + 8 connect timeouts < 50 s).
+CONNECT_RETRY_DELAY = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +51,29 @@ def _s3():
     # (503 SlowDown), 5xx and connection errors with backoff; s3fs adds a few retries of its own on top.
     attempts = int(os.environ.get("AWS_MAX_ATTEMPTS") or DEFAULT_MAX_ATTEMPTS)
     mode = os.environ.get("AWS_RETRY_MODE") or DEFAULT_RETRY_MODE
-    # A bounded connect timeout: an unreachable endpoint fails (after the retries) instead of hanging.
-    return s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True,
+    # A bounded connect timeout and wait between connection attempts: an unreachable endpoint fails (after
+    # the retries) within a minute instead of hanging.
+    from aiobotocore.session import AioSession
+
+    session = AioSession()
+    session.register("needs-retry.s3", connect_retry(attempts))
+    return s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True, session=session,
                              config_kwargs={"retries": {"max_attempts": attempts, "mode": mode},
                                             "connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT})
+
+
+def connect_retry(max_attempts: int):
+    """A botocore `needs-retry` handler (called before botocore's own): for an attempt that could not connect,
+    the next one after at most CONNECT_RETRY_DELAY seconds while attempts remain; anything else is left to
+    botocore's retry mode (None)."""
+    from botocore.exceptions import ConnectionError as CannotConnect
+    from botocore.exceptions import ConnectTimeoutError
+
+    def delay(attempts: int, caught_exception=None, **_):
+        if isinstance(caught_exception, (CannotConnect, ConnectTimeoutError)) and attempts < max_attempts:
+            return min(CONNECT_RETRY_DELAY, 0.1 * 2 ** (attempts - 1))
+        return None
+    return delay
 
 
 def s3_identity(info: dict) -> str:

@@ -15,6 +15,7 @@ from tasks.verification.checks import (
                                  INPUTS,
                                  KEYS,
                                  MERGED,
+                                 NO_NAN,
                                  PROVENANCE,
                                  ROWS,
                                  SCHEMA,
@@ -27,6 +28,6 @@ from tasks.verification.driver import Report, choose_sample, verify
 from tasks.verification.registry import REGISTRY, Check, Failure
 from tasks.verification.values import Runner, ShardResult, ShardTask, check_locally, check_shard
 
-__all__ = ["BASE", "INPUTS", "KEYS", "MERGED", "PROVENANCE", "REGISTRY", "ROWS", "SCHEMA", "SHARD_SET", "STRAYS",
+__all__ = ["BASE", "INPUTS", "KEYS", "MERGED", "NO_NAN", "PROVENANCE", "REGISTRY", "ROWS", "SCHEMA", "SHARD_SET", "STRAYS",
            "Check", "Failure", "Report", "Runner", "ShardResult", "ShardTask", "check_locally", "check_shard",
            "choose_sample", "compare", "siblings_check", "verify"]

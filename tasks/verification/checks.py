@@ -3,16 +3,20 @@ the driver runs each stage. Operations add value checks through Operation.compar
 and per-operation checks through Operation.verify_checks."""
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from tasks import storage
 from tasks.kernel import shard_key
 from tasks.ops.base import SIBLINGS
 from tasks.ops.lineage import Status, replay
 from tasks.plan import changed_inputs
-from tasks.verification.registry import register
+from tasks.verification.registry import RowRule, register
 
 SHARD_SET, STRAYS, SIBLINGS_OF = "output shard set", "stray objects", "operations[{index}] siblings"
 ROWS, SCHEMA, PROVENANCE, INPUTS = "row counts", "schema", "provenance", "current inputs"
 BASE, KEYS, MERGED = "base columns", "key columns", "merged columns"  # BASE also takes unreadable data
+NO_NAN = "no NaN scores"
 
 
 def siblings_check(index: int) -> str:
@@ -170,3 +174,24 @@ def merged_columns(shard) -> list[str]:
             lines.append(f"operations[{i}]: {rec.detail}")
         lines += found.columns
     return lines
+
+
+def added_floats(shard):
+    """(dotted name, values) of every floating-point column an operation added to the output, and of every
+    floating-point field, at any depth, of a struct column it added (a score's `raw_score`)."""
+    def leaves(name: str, values: pa.ChunkedArray):
+        if pa.types.is_floating(values.type):
+            yield name, values
+        elif pa.types.is_struct(values.type):
+            for i in range(values.type.num_fields):
+                field = values.type.field(i)
+                yield from leaves(f"{name}.{field.name}", pc.struct_field(values, [i]))
+
+    for name, source in shard.layout.columns:
+        if source.step is not None and name in shard.out.column_names:
+            yield from leaves(name, shard.out[name])
+
+
+register(NO_NAN, "data", "sampled", "no floating-point column an operation added (nor any floating-point field "
+         "of a struct it added) holds NaN: a score that was not computed is null, never NaN")(
+    RowRule("NaN", added_floats, pc.is_nan))

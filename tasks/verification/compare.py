@@ -1,9 +1,11 @@
-"""Value-for-value comparison of two columns: NaN equals NaN, one line naming the first differing row."""
+"""Value-for-value comparison of two columns (NaN equals NaN), and the rows a value check flags: one line each,
+naming the first row."""
 from __future__ import annotations
 
 import math
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks import storage
@@ -80,6 +82,30 @@ class Tally:
         rows = self.compared if self.rows is None else self.rows
         return (f"column {self.name!r}: {self.bad} of {rows} rows differ, first at row {row}: "
                 f"{_short(x)} vs {_short(y)}")
+
+
+class Flagged:
+    """The rows of one column a value check flags, over consecutive windows of a shard: counted, the first named
+    by its row within the shard and its value (a window's rows start at `offset`)."""
+
+    def __init__(self, name: str, what: str, rows: int):
+        self.name, self.what, self.rows = name, what, rows
+        self.bad = 0
+        self.first: tuple | None = None
+
+    def add(self, bad: pa.ChunkedArray, values: pa.ChunkedArray, offset: int = 0) -> None:
+        """`bad`: a boolean per row of `values` (null: not flagged)."""
+        count = pc.sum(bad).as_py() or 0
+        if count and self.first is None:
+            row = pc.index(pc.fill_null(bad, False), True).as_py()
+            self.first = (offset + row, values[row].as_py())
+        self.bad += count
+
+    def line(self) -> str | None:
+        if not self.bad:
+            return None
+        row, value = self.first
+        return f"column {self.name!r}: {self.bad} of {self.rows} rows {self.what}, first at row {row}: {_short(value)}"
 
 
 def compare(name: str, got: pa.ChunkedArray, want: pa.ChunkedArray, cast: bool = False) -> str | None:

@@ -50,7 +50,9 @@ class CheckDef:
       listing  run(ctx, check) fills the Check from the plan and footer facts (ctx: tasks.verification.driver.Context)
                per-operation checks: run(ctx, check, index)
       footer   run(job, footers) -> problem lines for one shard (footers: tasks.verification.footers.Footers)
-      data     run(shard) -> problem lines for one sampled shard (shard: tasks.verification.values.ShardValues)
+      data     run(shard) -> problem lines for one sampled shard (shard: tasks.verification.values.ShardValues),
+               called once per window: lines that count over the shard come from shard.compare or shard.flag;
+               a check of single values is a RowRule
     Per-operation checks have `{index}` in their name and appear once per operation that lists their `key` in
     Operation.verify_checks()."""
 
@@ -68,6 +70,22 @@ class CheckDef:
 
     def pattern(self) -> str:
         return "^" + re.escape(self.name).replace(r"\{index\}", "[0-9]+").replace("\\ ", " ") + "$"
+
+
+@dataclass(frozen=True)
+class RowRule:
+    """A data check that flags single values, registered as it is (`register(name, "data", "sampled",
+    about)(RowRule(...))`): `columns(shard)` yields (name, values) of one window of a sampled shard
+    (tasks.verification.values.ShardValues), `bad(values)` a boolean per row (null: not flagged). The flagged
+    rows are counted over the shard's windows and the first named (`ShardValues.flag`): nothing else to write."""
+
+    what: str           # what a flagged value is, for the line: "NaN"
+    columns: Callable
+    bad: Callable
+
+    def __call__(self, shard) -> list[str]:
+        return [line for name, values in self.columns(shard)
+                if (line := shard.flag(name, self.bad(values), values, self.what))]
 
 
 REGISTRY: list[CheckDef] = []

@@ -4,8 +4,8 @@ rows at a time.
 `check_shard` is the unit of work a Runner schedules (locally, on Prefect or Ray). It opens the output, the base
 and each sibling once and reads them in lockstep windows of as many rows as fit in the budget (job.window_bytes,
 tasks.windows.WINDOW_BYTES by default; tasks.windows.RowWindows: whatever their row groups); it runs every registered data check on each window's
-`ShardValues` and folds score statistics window by window. Comparisons tally across windows (`Tally`), so the
-lines of the last window are the shard's. Memory holds a window of each file, never a whole table. Data problems
+`ShardValues` and folds score statistics window by window. Comparisons and flagged rows tally across windows
+(`Tally`, `Flagged`: `ShardValues.compare`, `.flag`), so the lines of the last window are the shard's. Memory holds a window of each file, never a whole table. Data problems
 become failures, never exceptions.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tasks.ops.base import Findings
 from tasks.ops.lineage import History, Layout, Status, StepRecord, replay
 from tasks.scorestats import ColumnPartial, StatSpec, column_partial
 from tasks.verification.checks import BASE
-from tasks.verification.compare import Tally, one_line
+from tasks.verification.compare import Flagged, Tally, one_line
 from tasks.verification.registry import of_stage
 from tasks.windows import PROBE_ROWS, RowWindows, parquet_file, window_rows
 
@@ -79,6 +79,7 @@ class Streams:
         self.readers: dict[tuple, RowWindows | BaseException] = {}
         self.taken: dict[tuple, int] = {}
         self.tallies: dict[tuple[str, int], Tally] = {}
+        self.flagged: dict[tuple[str, str], Flagged] = {}
         self.broken = False
 
     def open(self, uri: str) -> pq.ParquetFile:
@@ -151,6 +152,13 @@ class ShardValues:
         tally = self.streams.tallies.setdefault(key, Tally(name, self.streams.rows))
         tally.add(got, want, self.offset, cast)
         return tally.line()
+
+    def flag(self, name: str, bad: pa.ChunkedArray, values: pa.ChunkedArray, what: str) -> str | None:
+        """The rows of column `name` (`values`, this window's) that `bad` flags as `what`, added to the windows
+        before: a line counting them over the shard and naming the first, or None while none is flagged."""
+        flagged = self.streams.flagged.setdefault((name, what), Flagged(name, what, self.streams.rows))
+        flagged.add(bad, values, self.offset)
+        return flagged.line()
 
     def one_line(self, exc: BaseException) -> str:
         return one_line(exc)
