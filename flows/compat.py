@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,78 @@ def heartbeats_not_waited_for() -> None:
 
     not_joined.sidecar_ops_not_joined = True
     flow_engine._send_heartbeats = not_joined
+
+
+# ------------------------------------------------------------------------- Prefect: its API clients' TLS
+
+def one_tls_context() -> None:
+    """Prefect's API clients (`PrefectClient`, `SyncPrefectClient`) each build an SSL context from certifi's CA
+    bundle in `__init__` unless `httpx_settings["verify"]` is given (~45 ms of CPU each here), and a run makes
+    several: the flow run's, the log and event workers'. Given here once a process, built as Prefect builds it
+    (PREFECT_API_SSL_CERT_FILE or certifi's bundle; unverified with PREFECT_API_TLS_INSECURE_SKIP_VERIFY), keyed
+    by those settings: the same verification, and neither Prefect nor httpx changes a context it is given. A
+    client given its own `verify` keeps it. Idempotent; for the command line (flows/launch.py)."""
+    from prefect.client import orchestration
+
+    for cls in (orchestration.PrefectClient, orchestration.SyncPrefectClient):
+        original = cls.__init__
+        _require("httpx_settings" in _parameters(original), f"prefect's {cls.__name__}(api, *, httpx_settings)",
+                 "prefect")
+        if getattr(original, "sidecar_ops_one_tls_context", False):
+            continue
+
+        def init(self, *args, httpx_settings=None, __original=original, **kwargs):
+            settings = dict(httpx_settings or {})
+            if "verify" not in settings:
+                settings["verify"] = _tls_context(*_tls_settings())
+            __original(self, *args, httpx_settings=settings, **kwargs)
+
+        init.sidecar_ops_one_tls_context = True
+        cls.__init__ = init
+
+
+def _tls_settings() -> tuple[bool, str]:
+    import certifi
+    from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY
+
+    return bool(PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value()), PREFECT_API_SSL_CERT_FILE.value() or certifi.where()
+
+
+_tls_contexts: dict = {}
+_tls_lock = threading.Lock()
+
+
+def _tls_context(skip_verify: bool, cafile: str):
+    """The context PrefectClient.__init__ would build for these settings, built once (a second caller waits)."""
+    import ssl
+
+    with _tls_lock:
+        if (skip_verify, cafile) not in _tls_contexts:
+            if skip_verify:
+                ctx = ssl.create_default_context()
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            else:
+                ctx = ssl.create_default_context(cafile=cafile)
+            _tls_contexts[skip_verify, cafile] = ctx
+        return _tls_contexts[skip_verify, cafile]
+
+
+def tls_context_ahead() -> None:
+    """Build the context of Prefect's defaults (certifi's bundle; neither setting in the environment) in a
+    thread, before any client wants it: OpenSSL releases the GIL while it loads the bundle, so the command's
+    main thread does not wait for it (one_tls_context hands it to every client)."""
+    import os
+
+    if os.environ.get("PREFECT_API_TLS_INSECURE_SKIP_VERIFY") or os.environ.get("PREFECT_API_SSL_CERT_FILE"):
+        return
+
+    def build():
+        import certifi
+
+        _tls_context(False, certifi.where())
+
+    threading.Thread(target=build, name="sidecar-ops-tls-context", daemon=True).start()
 
 
 def _parameters(fn) -> set[str]:

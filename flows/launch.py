@@ -11,7 +11,6 @@ import functools
 import importlib
 import logging
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -102,6 +101,7 @@ def session(start: Start, what: str, flow_module: str):
     starts the moment the server answers. Bad input stops the server before it answers: no flow run, nothing
     written, its database removed."""
     loaded = []
+    compat.tls_context_ahead()  # Prefect's API clients' SSL context, built while the imports run
 
     def meanwhile(booting: bool):
         loaded.append(start.load_config())
@@ -122,21 +122,17 @@ def session(start: Start, what: str, flow_module: str):
 
 def warm_up(flow_module: str, debug: bool, booting: bool = True) -> None:
     """What a flow run would otherwise do first, on the critical path: import the flow (Prefect with it) and set
-    up logging. (Prefect would import FastAPI to record the flow run's parameters: flows/plainflow.py.) pyarrow
-    imports pandas at its first conversion from Python objects, in the first shard task (~0.15 s): while the
-    run's server boots (`booting`) that is done here; with a server kept running it is done in a thread, while
-    the flow run's first API calls wait for their answers."""
+    up logging. (Prefect would import FastAPI to record the flow run's parameters: flows/plainflow.py.) While the
+    run's own server boots (`booting`), the CPU is free: what the first shard task would import is imported here
+    too (pandas, which pyarrow imports at its first conversion from Python objects on the decode path, ~0.15 s;
+    the copy path's Thrift codec). With a server kept running nothing is free: the shards import what they need."""
     importlib.import_module(flow_module)
     if booting:
-        import_pandas()
-    else:
-        threading.Thread(target=import_pandas, name="sidecar-ops-import-pandas", daemon=True).start()
+        importlib.import_module("pyarrow").array([0])
+        importlib.import_module("tasks.footer").codec()
     quiet_console(debug)
     compat.heartbeats_not_waited_for()  # the flow run's end does not wait up to 1 s for its heartbeat thread
-
-
-def import_pandas() -> None:
-    importlib.import_module("pyarrow").array([0])
+    compat.one_tls_context()  # the run's API clients share one SSL context
 
 
 def run_merge(start: Start) -> int:

@@ -15,14 +15,17 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from fastparquet.cencoding import ThriftObject
 
 from tasks import footer, storage
 from tasks.ops.lineage import Change
 from tasks.windows import BATCH_ROWS, RowWindows, batches
+
+if TYPE_CHECKING:
+    from fastparquet.cencoding import ThriftObject
 
 PIECE = 8 << 20  # bytes read from an input at once: a chunk is copied through a buffer of at most this size
 

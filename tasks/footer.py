@@ -7,14 +7,45 @@ name for is kept). Its writer has two limits this module guards: it writes a str
 writes an int as i64 unless the struct it was read from marked it i32. Every struct written here is either
 copied from a file (its markers come along) or built of i64s and lists; `lossless` refuses, for the decode
 path, a schema element or chunk that would lose a field on the way out.
+
+fastparquet's codec is loaded at its first use, without the package around it (`codec`): the package imports
+pandas (~0.27 s here), which no command of ours needs.
 """
 from __future__ import annotations
 
 import copy
+import functools
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from fastparquet.cencoding import ThriftObject, from_buffer
+if TYPE_CHECKING:
+    from fastparquet.cencoding import ThriftObject
+
+
+@functools.cache
+def codec():
+    """fastparquet's Cython Thrift codec (`ThriftObject`, `from_buffer`), loaded on its own (~1 ms): the fastparquet
+    package's `__init__` imports pandas and its readers (~0.27 s here), none of which the codec needs, and nothing
+    here needs either. Registered as `fastparquet.cencoding`, where the package's own import finds it. Another
+    layout of the package (the extension not found beside its `__init__`) gets the package's own import."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    name = "fastparquet.cencoding"
+    if name in sys.modules:
+        return sys.modules[name]
+    package = importlib.util.find_spec("fastparquet")  # found, not imported
+    spec = importlib.machinery.PathFinder.find_spec(name, package.submodule_search_locations) if package else None
+    if spec is None or not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+        from fastparquet import cencoding
+
+        return cencoding
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
 
 MAGIC = b"PAR1"
 # ColumnMetaData fields the writer drops and the copy may lose: the bloom filter's place (left out: its
@@ -33,7 +64,7 @@ def read(f, footer_size: int) -> tuple[ThriftObject, int]:
     raw = bytes(f.read(footer_size + 8))
     if raw[-4:] != MAGIC or struct.unpack("<I", raw[-8:-4])[0] != footer_size:
         raise ValueError("footer is not where its length says (an encrypted or truncated file?)")
-    return from_buffer(raw[:-8], "FileMetaData"), start
+    return codec().from_buffer(raw[:-8], "FileMetaData"), start
 
 
 def encode(meta: ThriftObject) -> bytes:
@@ -114,7 +145,7 @@ def encrypted(meta: ThriftObject) -> bool:
 def lossless(obj: ThriftObject | dict, droppable: set[int] = frozenset()) -> bool:
     """Whether the writer keeps every field of `obj` (nested structs too): none numbered above 13, but those
     in `droppable` at the top."""
-    data = obj.contents if isinstance(obj, ThriftObject) else obj
+    data = obj if isinstance(obj, dict) else obj.contents
 
     def walk(d: dict, allowed: set[int]) -> bool:
         for key, value in d.items():
@@ -155,11 +186,11 @@ def writable(element: ThriftObject) -> ThriftObject:
 
 
 def key_value(key: str, value: str | bytes) -> ThriftObject:
-    return ThriftObject.from_fields("KeyValue", key=key, value=value)
+    return codec().ThriftObject.from_fields("KeyValue", key=key, value=value)
 
 
 def row_group(columns: list[ThriftObject], num_rows: int, start: int) -> ThriftObject:
-    return ThriftObject.from_fields(
+    return codec().ThriftObject.from_fields(
         "RowGroup", columns=columns, num_rows=num_rows, file_offset=start,
         total_byte_size=sum(c.meta_data.total_uncompressed_size for c in columns),
         total_compressed_size=sum(c.meta_data.total_compressed_size for c in columns))

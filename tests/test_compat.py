@@ -305,6 +305,50 @@ def test_heartbeats_are_sent_but_not_waited_for(monkeypatch):
         compat.heartbeats_not_waited_for()
 
 
+# ------------------------------------------------------------------------- Prefect: its API clients' TLS
+
+def test_prefect_clients_share_one_tls_context_unless_given_their_own(monkeypatch):
+    """After one_tls_context, Prefect's API clients are built with one SSL context a process (certifi's bundle
+    loaded once, not once a client); a client given its own `verify` keeps it; a client without
+    `httpx_settings` in its signature is loud."""
+    import ssl
+
+    from prefect.client.orchestration import PrefectClient, SyncPrefectClient
+
+    compat._tls_contexts.clear()
+    built = []
+    real = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: built.append(k) or real(*a, **k))
+    monkeypatch.setattr(PrefectClient, "__init__", PrefectClient.__init__)  # restored after the test
+    monkeypatch.setattr(SyncPrefectClient, "__init__", SyncPrefectClient.__init__)
+    compat.one_tls_context()
+    compat.one_tls_context()  # once is enough: not wrapped twice
+    clients = [SyncPrefectClient("http://127.0.0.1:9/api"), SyncPrefectClient("http://127.0.0.1:9/api"),
+               PrefectClient("http://127.0.0.1:9/api")]
+    assert len(built) == 1, built  # Prefect alone builds one a client
+    SyncPrefectClient("http://127.0.0.1:9/api", httpx_settings={"verify": False})
+    assert len(built) == 2, built  # given its own: Prefect builds (and discards) one, as without the hook
+    del clients
+    monkeypatch.setattr(SyncPrefectClient, "__init__", lambda self, api: None)
+    with raises_naming("prefect"):
+        compat.one_tls_context()
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_the_copy_paths_thrift_codec_loads_without_pandas_or_fastparquets_package():
+    """tasks/footer.py loads fastparquet's codec on its own: a fresh interpreter that reads a footer with it has
+    imported neither pandas nor the fastparquet package (~0.27 s)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pyarrow as pa, pyarrow.parquet as pq; from tasks import footer; "
+            "sink = pa.BufferOutputStream(); pq.ParquetWriter(sink, pa.schema([('a', pa.int64())])).close(); "
+            "buf = sink.getvalue(); meta, _ = footer.read(pa.BufferReader(buf), pq.read_metadata(pa.BufferReader(buf))"
+            ".serialized_size); print(meta.num_rows, 'pandas' in sys.modules, 'fastparquet' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "False", "False"], out
+
+
 # ---------------------------------------------------------------- Prefect: a server without Prefect's CLI
 
 def test_api_app_and_uvicorn():
