@@ -47,7 +47,10 @@ class Source:
 
     @classmethod
     def of(cls, file, pf: pq.ParquetFile) -> Source:
-        meta, data_end = footer.read(file, pf.metadata.serialized_size)
+        try:
+            meta, data_end = footer.read(file, pf.metadata.serialized_size)
+        except ValueError as exc:  # a footer not where its length says
+            raise NotCopyable(str(exc)) from exc
         if footer.encrypted(meta):
             raise NotCopyable("an encrypted file")
         return cls(file, pf, meta, footer.top_columns(meta.schema), [g.num_rows for g in meta.row_groups], data_end)

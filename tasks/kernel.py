@@ -360,7 +360,7 @@ def stream_output(job: Job, relpath: str, shard: OpenShard) -> ShardStats:
     if not job.recompress:
         try:
             plan = chunkcopy.plan(shard.file, shard.base.file, shard.base.schema.names, shard.streams, shard.schema)
-        except (chunkcopy.NotCopyable, ValueError) as why:
+        except chunkcopy.NotCopyable as why:
             log.info("shard %s: decoding every column (%s)", relpath, why)
     stats, payload, schema = (decode_output(job, relpath, shard, uri) if plan is None
                               else copy_output(job, relpath, shard, plan, uri))

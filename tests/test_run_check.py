@@ -195,18 +195,26 @@ def test_an_extra_shard_fails_the_run_and_its_check_task(tmp_path, root, run):
     assert states[f"verify run {setup.output}"] == "FAILED"
 
 
-def test_an_output_gone_before_the_check_fails_the_run(tmp_path, root, run, monkeypatch):
-    """Another process deletes an output after its shard task wrote and checked it, before the run's check."""
+def delete_before_the_check(monkeypatch, uri: str, merged: list[str] | None = None) -> None:
+    """The run's check (tasks.prefect_tasks.check_run) lists the output prefix after `uri` was deleted by
+    another process, once the run is done with it; `merged`: the shards the run must have merged."""
     import tasks.prefect_tasks
 
-    setup = build(tmp_path, root, shards=SHARDS)
     real = tasks.prefect_tasks.check_run
 
-    def delete_then_check(plan, merged, fresh):
-        remove(setup.output + REL[2])
-        return real(plan, merged, storage.list_prefix(plan.job.output_prefix))
+    def delete_then_check(plan, done, fresh):
+        if merged is not None:
+            assert sorted(done) == merged
+        remove(uri)
+        return real(plan, done, storage.list_prefix(plan.job.output_prefix))
 
     monkeypatch.setattr(tasks.prefect_tasks, "check_run", delete_then_check)
+
+
+def test_an_output_gone_before_the_check_fails_the_run(tmp_path, root, run, monkeypatch):
+    """Another process deletes an output after its shard task wrote and checked it, before the run's check."""
+    setup = build(tmp_path, root, shards=SHARDS)
+    delete_before_the_check(monkeypatch, setup.output + REL[2])
     code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
     assert code == 1, out + err
     assert f"run check FAILED: 1 base shard(s) have no output, e.g. {REL[2]}" in err
@@ -216,20 +224,11 @@ def test_an_output_gone_before_the_check_fails_the_run(tmp_path, root, run, monk
 def test_a_kept_output_gone_before_the_check_fails_the_resumed_run(tmp_path, root, run, monkeypatch):
     """A resumed run keeps the outputs of the first run but one; another process deletes a kept one after the
     plan kept it, before the run's check: the run fails (exit 1), naming it."""
-    import tasks.prefect_tasks
-
     setup = build(tmp_path, root, shards=SHARDS)
     code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
     assert code == 0, out + err
     remove(setup.output + REL[1])  # this one is merged again; REL[0] and REL[2] are kept
-    real = tasks.prefect_tasks.check_run
-
-    def delete_then_check(plan, merged, fresh):
-        assert sorted(merged) == [REL[1]]
-        remove(setup.output + REL[2])
-        return real(plan, merged, storage.list_prefix(plan.job.output_prefix))
-
-    monkeypatch.setattr(tasks.prefect_tasks, "check_run", delete_then_check)
+    delete_before_the_check(monkeypatch, setup.output + REL[2], merged=[REL[1]])
     code, out, err = run(setup.pipeline, "--output-prefix", setup.output)
     assert code == 1, out + err
     assert f"run check FAILED: 1 base shard(s) have no output, e.g. {REL[2]}" in err
