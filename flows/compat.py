@@ -178,7 +178,9 @@ def tls_context_ahead() -> None:
 
         _tls_context(False, certifi.where())
 
-    threading.Thread(target=build, name="sidecar-ops-tls-context", daemon=True).start()
+    # Not a daemon: the interpreter joins it before exiting. A process that exits early (a signal while starting
+    # up) would otherwise run OpenSSL's exit-time clean-up while this thread is inside OpenSSL: a segfault.
+    threading.Thread(target=build, name="sidecar-ops-tls-context").start()
 
 
 def _parameters(fn) -> set[str]:
