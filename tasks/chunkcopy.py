@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from fastparquet.cencoding import ThriftObject
 
 PIECE = 8 << 20  # bytes read from an input at once: a chunk is copied through a buffer of at most this size
+PIECE_ROWS = 1 << 17  # rows of a column encoded at once where an output row group has more (`streamed`)
 
 
 class NotCopyable(Exception):
@@ -329,21 +330,59 @@ def _alike(chunk: pq.ColumnChunkMetaData) -> tuple:
             chunk.total_uncompressed_size, chunk.has_dictionary_page, chunk.data_page_offset - _start(chunk))
 
 
-def encoded_group(p: Plan, readers: dict[int, RowWindows], rows: int, offset: int, plain, step_failed) -> Source:
-    """The encoded columns of one output row group of `rows` rows from row `offset`: decoded from their sources,
-    changed by their steps and encoded as the decode path encodes them, in a parquet file of one row group."""
+def encoded_group(p: Plan, readers: dict[int, RowWindows], rows: int, offset: int, plain, step_failed,
+                  columns: list[tuple[str, Values]]) -> Source:
+    """The encoded `columns` of one output row group of `rows` rows from row `offset`: decoded from their
+    sources, changed by their steps and encoded as the decode path encodes them, in a parquet file of one row
+    group."""
     taken = {source: reader.take(rows) for source, reader in readers.items()}
-    arrays = []
-    for name, values in p.encoded:
-        arrays.append(changed(p, values, taken[values.source][values.column], offset, step_failed))
-    fields = [p.schema.field(name) for name, _ in p.encoded]
-    table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    arrays = [changed(p, values, taken[values.source][values.column], offset, step_failed) for _, values in columns]
+    return one_group(pa.Table.from_arrays(arrays, schema=pa.schema([p.schema.field(name) for name, _ in columns])),
+                     plain)
+
+
+def one_group(table: pa.Table, plain) -> Source:
+    """`table` encoded as the decode path encodes it, in a parquet file of one row group, held in memory."""
     sink = pa.BufferOutputStream()
     with storage.parquet_writer(sink, table.schema, plain) as writer:
-        writer.write_table(table, row_group_size=max(rows, 1))
+        writer.write_table(table, row_group_size=max(table.num_rows, 1))
     buf = sink.getvalue()
-    reader = pa.BufferReader(buf)
-    return Source.of(reader, pq.ParquetFile(pa.BufferReader(buf)))
+    return Source.of(pa.BufferReader(buf), pq.ParquetFile(pa.BufferReader(buf)))
+
+
+def streamed(p: Plan, plain) -> list[tuple[str, Values]]:
+    """The encoded columns written a piece of PIECE_ROWS rows at a time, where the base has a row group larger
+    than a piece: those of one leaf the writer encodes without a dictionary (floating-point scores, keys), whose
+    pieces' data pages make one column chunk (tasks/footer.py `stitched`). Memory then does not grow with the
+    row group. A column with a dictionary (one dictionary page a chunk) is encoded a whole row group at once."""
+    if max(p.sources[0].groups) <= PIECE_ROWS:
+        return []
+    dictionary = set(storage.dictionary_columns(p.schema, plain))
+    return [(name, values) for name, values in p.encoded if name not in dictionary and not (
+        pa.types.is_nested(p.schema.field(name).type) or pa.types.is_dictionary(p.schema.field(name).type))]
+
+
+def write_pieces(p: Plan, sink, position: int, name: str, values: Values, reader: RowWindows, rows: int,
+                 offset: int, plain, step_failed) -> tuple[ThriftObject, int, Source]:
+    """Column `name` of one output row group (`rows` rows from row `offset`, read on from `reader`) into `sink`
+    at `position`, encoded a piece of at most PIECE_ROWS rows at a time, each piece's pages written as it is
+    encoded. Returns the chunk's metadata, the position after it and the first piece (its schema elements)."""
+    start, pieces, first, done = position, [], None, 0
+    field = p.schema.field(name)
+    while True:
+        n = min(PIECE_ROWS, rows - done)
+        array = changed(p, values, reader.take(n)[values.column], offset + done, step_failed)
+        piece = one_group(pa.Table.from_arrays([array], schema=pa.schema([field])), plain)
+        chunk = piece.meta.row_groups[0].columns[0]
+        at, length = footer.chunk_range(chunk)
+        for part in Pieces(piece.file).read(at, length):
+            position = sink_write(sink, part, position)
+        pieces.append((chunk, piece.pf.metadata.row_group(0).column(0).statistics))
+        first = first or piece
+        done += n
+        if done >= rows:
+            break
+    return footer.stitched(pieces, start, [name]), position, first
 
 
 def write(p: Plan, sink, plain: Iterable[str], step_failed) -> int:
@@ -351,22 +390,34 @@ def write(p: Plan, sink, plain: Iterable[str], step_failed) -> int:
     the bytes written."""
     plain = list(plain)
     base = p.sources[0]
+    in_pieces = dict(streamed(p, plain))
+    whole = [(name, values) for name, values in p.encoded if name not in in_pieces]
     readers = {}
-    for name, values in p.encoded:
+    for _, values in whole:
         readers.setdefault(values.source, set()).add(values.column)
     readers = {s: RowWindows(p.sources[s].pf, sorted(cols), min(max(base.groups), BATCH_ROWS))
                for s, cols in readers.items()}
+    piece_readers = {name: RowWindows(p.sources[values.source].pf, [values.column], BATCH_ROWS)
+                     for name, values in in_pieces.items()}
     pieces: dict[int, Pieces] = {}
     position = sink_write(sink, footer.MAGIC, 0)
-    groups, encoded, offset = [], None, 0
+    groups, encoded, offset = [], {}, 0
     for g, rows in enumerate(base.groups):
-        encoded = encoded_group(p, readers, rows, offset, plain, step_failed) if readers else None
+        if whole:
+            group = encoded_group(p, readers, rows, offset, plain, step_failed, whole)
+            encoded.update((name, group) for name, _ in whole)
         start, chunks = position, []
         for name, values in p.columns:
+            if name in in_pieces:
+                chunk, position, first = write_pieces(p, sink, position, name, values, piece_readers[name], rows,
+                                                      offset, plain, step_failed)
+                encoded.setdefault(name, first)
+                chunks.append(chunk)
+                continue
             if name in p.copied:
                 source, column, group = p.sources[values.source], values.column, g
             else:
-                source, column, group = encoded, name, 0
+                source, column, group = encoded[name], name, 0
             reader = pieces.setdefault(id(source), Pieces(source.file))
             for leaf in source.tops[column].leaves:
                 chunk = source.meta.row_groups[group].columns[leaf]
@@ -374,8 +425,8 @@ def write(p: Plan, sink, plain: Iterable[str], step_failed) -> int:
                 for piece in reader.read(at, length):
                     position = sink_write(sink, piece, position)
                 chunks.append(footer.moved(chunk, position - length, [name, *chunk.meta_data.path_in_schema[1:]]))
-        if encoded is not None:
-            pieces.pop(id(encoded), None)
+        for name, _ in whole[:1]:
+            pieces.pop(id(encoded[name]), None)
         groups.append(footer.row_group(chunks, rows, start))
         offset += rows
     return sink_write(sink, footer.encode(file_meta(p, groups, encoded, plain)), position)
@@ -386,7 +437,7 @@ def sink_write(sink, data, position: int) -> int:
     return position + len(data)
 
 
-def file_meta(p: Plan, groups: list[ThriftObject], encoded: Source | None, plain) -> ThriftObject:
+def file_meta(p: Plan, groups: list[ThriftObject], encoded: dict[str, Source], plain) -> ThriftObject:
     """The output's FileMetaData: the base's, with the schema of the chunks placed, their row groups, the
     column orders of their sources (where every source has them) and the decode path's key-value metadata."""
     base = p.sources[0]
@@ -394,7 +445,7 @@ def file_meta(p: Plan, groups: list[ThriftObject], encoded: Source | None, plain
     root.num_children = len(p.columns)
     schema, orders = [root], []
     for name, values in p.columns:
-        source, column = (p.sources[values.source], values.column) if name in p.copied else (encoded, name)
+        source, column = (p.sources[values.source], values.column) if name in p.copied else (encoded[name], name)
         top = source.tops[column]
         elements = [footer.writable(e) for e in top.elements]
         elements[0].name = name

@@ -136,6 +136,61 @@ def moved(chunk: ThriftObject, start: int, path: list[str]) -> ThriftObject:
     return out
 
 
+ENCODINGS, NUM_VALUES, STATISTICS, ENCODING_STATS = 2, 5, 12, 13  # ColumnMetaData's fields
+MAX, MIN, NULL_COUNT, DISTINCT_COUNT, MAX_VALUE, MIN_VALUE, MAX_EXACT, MIN_EXACT = range(1, 9)  # Statistics'
+
+
+def stitched(pieces: list[tuple[ThriftObject, object]], start: int, path: list[str]) -> ThriftObject:
+    """One column chunk made of the pages of several chunks without a dictionary page, written one after
+    another from `start`: each piece is (its ColumnChunk, pyarrow's Statistics of it). Counts and sizes add up;
+    the encodings and page counts are the pieces' together; the statistics' minimum and maximum are those of
+    the piece whose value is least (greatest) as pyarrow reads them, their bytes as that piece's writer wrote
+    them; null counts add up; the distinct count is left out (it does not add up)."""
+    chunks = [chunk for chunk, _ in pieces]
+    if any(c.meta_data.dictionary_page_offset for c in chunks):
+        raise ValueError("a piece with a dictionary page cannot be stitched")
+    out = moved(chunks[0], start, path)
+    meta = out.meta_data.contents
+    metas = [c.meta_data for c in chunks]
+    meta[NUM_VALUES] = sum(m.num_values for m in metas)
+    out.meta_data.total_compressed_size = sum(m.total_compressed_size for m in metas)
+    out.meta_data.total_uncompressed_size = sum(m.total_uncompressed_size for m in metas)
+    meta[ENCODINGS] = sorted({e for m in metas for e in m.contents.get(ENCODINGS) or ()})
+    if all(ENCODING_STATS in m.contents for m in metas):
+        counts: dict[tuple[int, int], int] = {}
+        for m in metas:
+            for s in m.encoding_stats:
+                counts[s.page_type, s.encoding] = counts.get((s.page_type, s.encoding), 0) + s.count
+        kept = []
+        for s in metas[0].encoding_stats + [s for m in metas[1:] for s in m.encoding_stats]:
+            if (s.page_type, s.encoding) in counts:
+                s = s.copy()
+                s.count = counts.pop((s.page_type, s.encoding))
+                kept.append(s)
+        out.meta_data.encoding_stats = kept
+    else:
+        meta.pop(ENCODING_STATS, None)
+    stats = [m.contents.get(STATISTICS) for m in metas]
+    if any(s is None for s in stats):
+        meta.pop(STATISTICS, None)
+        return out
+    merged = dict(stats[0])
+    for number in (MAX, MIN, MAX_VALUE, MIN_VALUE, MAX_EXACT, MIN_EXACT, DISTINCT_COUNT):
+        merged.pop(number, None)
+    if all(NULL_COUNT in s for s in stats):
+        merged[NULL_COUNT] = sum(s[NULL_COUNT] for s in stats)
+    else:
+        merged.pop(NULL_COUNT, None)
+    ranged = [(read, raw) for (_, read), raw in zip(pieces, stats) if read is not None and read.has_min_max]
+    if ranged:
+        least = min(ranged, key=lambda piece: piece[0].min)[1]
+        most = max(ranged, key=lambda piece: piece[0].max)[1]
+        merged.update({k: least[k] for k in (MIN, MIN_VALUE, MIN_EXACT) if k in least})
+        merged.update({k: most[k] for k in (MAX, MAX_VALUE, MAX_EXACT) if k in most})
+    meta[STATISTICS] = merged
+    return out
+
+
 def encrypted(meta: ThriftObject) -> bool:
     return meta.encryption_algorithm is not None or any(
         chunk.crypto_metadata is not None or chunk.encrypted_column_metadata is not None or chunk.meta_data is None

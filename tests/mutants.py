@@ -355,6 +355,15 @@ MUTANTS = [
     Mutant("Y4", "Keys still proven on the copy path", "the post-write check takes a copied key chunk's bytes as "
            "equal without comparing them", "tasks/chunkcopy.py", "        if n and x[:n] != y[:n]:",
            "        if False:", (CC + "test_the_check_compares_copied_key_chunks_byte_for_byte",)),
+    Mutant("Y5", "Copied bytes are the base's bytes", "a stitched chunk's null count is its first piece's",
+           "tasks/footer.py", "        merged[NULL_COUNT] = sum(s[NULL_COUNT] for s in stats)",
+           "        merged[NULL_COUNT] = stats[0][NULL_COUNT]",
+           (CC + "test_scores_of_a_row_group_larger_than_a_piece_are_encoded_in_pieces_into_one_chunk",)),
+    Mutant("Y6", "Memory bounded by a window budget", "a score column encoded a whole row group at once where the "
+           "base's row group is larger than a piece", "tasks/chunkcopy.py",
+           "    if max(p.sources[0].groups) <= PIECE_ROWS:", "    if True:",
+           (CC + "test_scores_of_a_row_group_larger_than_a_piece_are_encoded_in_pieces_into_one_chunk",
+            CC + "test_scores_encoded_into_larger_row_groups_hold_a_piece_not_the_row_group")),
     # ------------------------------------------------------------ issue 34: the edges of the promises
     Mutant("A5", "Atomic shards", "a local write stopped by Ctrl-C or SystemExit leaves its temp file (clean-up on "
            "Exception only)", "tasks/storage/local.py",
