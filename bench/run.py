@@ -38,7 +38,7 @@ SIZES = {
                   w6_max={"ray": 20, "plain_ray": 20},  # each Ray mode once: a local Ray takes 10-30 s to start here
                   w7_shards=3, w7_rows=2_000, w8_shards=2, w8_rows=1_000,
                   w9_rows=[5_000, 10_000], w9_goal_rows=10_000, w9_growth=(5_000, 10_000),
-                  w10_counts=[60, 200], w11_shards=6),
+                  w10_counts=[60, 120], w11_shards=6, w11_rounds=1),
     "small": dict(repeats=3, w0_rows=1_000, w1_shards=4, w1_rows=50_000, w2_shards=100, w2_repeats=3,
                   w3_shards=100, w4_dry_shards=[10_000], w4_mem_rows=25_000, w4_driver_shards=[100, 1_000],
                   w5_shards=2, w5_rows=25_000, ray_overhead_tasks=50, w6_counts=[100, 1_000, 3_000],

@@ -350,39 +350,93 @@ def one_group(table: pa.Table, plain) -> Source:
     return Source.of(pa.BufferReader(buf), pq.ParquetFile(pa.BufferReader(buf)))
 
 
-def streamed(p: Plan, plain) -> list[tuple[str, Values]]:
-    """The encoded columns written a piece of PIECE_ROWS rows at a time, where the base has a row group larger
-    than a piece: those of one leaf the writer encodes without a dictionary (floating-point scores, keys), whose
-    pieces' data pages make one column chunk (tasks/footer.py `stitched`). Memory then does not grow with the
-    row group. A column with a dictionary (one dictionary page a chunk) is encoded a whole row group at once."""
+@dataclass(frozen=True)
+class Leaf:
+    """One leaf of a column encoded in pieces: `path` read from its source ("col", or "col.a.b" for a struct's
+    leaf, which pyarrow reads as a struct of that branch alone), written as `field` (the output's field, that
+    branch alone: its nullability gives the leaf's definition levels), with the column's steps (`changes`) or not."""
+
+    path: str
+    field: pa.Field
+    changes: bool
+
+
+def streamed(p: Plan, plain) -> dict[str, list[Leaf]]:
+    """The encoded columns written a piece of PIECE_ROWS rows at a time, leaf by leaf, where the base has a row
+    group larger than a piece: a primitive column (its steps applied to each piece), or a struct of them taken
+    as its source holds it, each leaf read alone. Each leaf's pieces are encoded without a dictionary (a chunk
+    has one dictionary page at most) and their data pages make one column chunk (tasks/footer.py `stitched`),
+    so memory does not grow with the row group. Any other encoded column (a list, a map, a dictionary type, a
+    struct a step changes) is encoded a whole row group at once."""
     if max(p.sources[0].groups) <= PIECE_ROWS:
-        return []
-    dictionary = set(storage.dictionary_columns(p.schema, plain))
-    return [(name, values) for name, values in p.encoded if name not in dictionary and not (
-        pa.types.is_nested(p.schema.field(name).type) or pa.types.is_dictionary(p.schema.field(name).type))]
+        return {}
+    out = {}
+    for name, values in p.encoded:
+        field = p.schema.field(name)
+        if not pa.types.is_struct(field.type):
+            if not (pa.types.is_nested(field.type) or pa.types.is_dictionary(field.type)):
+                out[name] = [Leaf(values.column, field, True)]
+        elif not values.steps and (leaves := struct_leaves(field, values.column)) is not None:
+            out[name] = leaves
+    return out
 
 
-def write_pieces(p: Plan, sink, position: int, name: str, values: Values, reader: RowWindows, rows: int,
-                 offset: int, plain, step_failed) -> tuple[ThriftObject, int, Source]:
-    """Column `name` of one output row group (`rows` rows from row `offset`, read on from `reader`) into `sink`
-    at `position`, encoded a piece of at most PIECE_ROWS rows at a time, each piece's pages written as it is
-    encoded. Returns the chunk's metadata, the position after it and the first piece (its schema elements)."""
-    start, pieces, first, done = position, [], None, 0
-    field = p.schema.field(name)
+def struct_leaves(field: pa.Field, path: str) -> list[Leaf] | None:
+    """The leaves of struct `field` (read from `path`) depth first, as Parquet lays them out; None if one is
+    under a list, a map or a dictionary."""
+    leaves = []
+    for child in field.type:
+        if pa.types.is_struct(child.type):
+            inner = struct_leaves(child, f"{path}.{child.name}")
+            if inner is None:
+                return None
+            leaves += [Leaf(leaf.path, field.with_type(pa.struct([leaf.field])), False) for leaf in inner]
+        elif pa.types.is_nested(child.type) or pa.types.is_dictionary(child.type):
+            return None
+        else:
+            leaves.append(Leaf(f"{path}.{child.name}", field.with_type(pa.struct([child])), False))
+    return leaves
+
+
+def leaf_reader(p: Plan, values: Values, leaf: Leaf) -> RowWindows:
+    pf = p.sources[values.source].pf
+    schema = None if leaf.changes else pa.schema([pf.schema_arrow.field(values.column).with_type(
+        _read_type(pf.schema_arrow.field(values.column).type, leaf.path.split(".")[1:]))])
+    return RowWindows(pf, [leaf.path], BATCH_ROWS, schema)
+
+
+def _read_type(type_: pa.DataType, path: list[str]) -> pa.DataType:
+    """The type pyarrow reads for the branch `path` of struct `type_`: the struct of that child alone."""
+    if not path:
+        return type_
+    child = type_.field(path[0])
+    return pa.struct([child.with_type(_read_type(child.type, path[1:]))])
+
+
+def write_pieces(p: Plan, sink, position: int, name: str, values: Values, leaf: Leaf, reader: RowWindows,
+                 rows: int, offset: int, plain, step_failed) -> tuple[ThriftObject, int]:
+    """One leaf of column `name` in one output row group (`rows` rows from row `offset`, read on from `reader`)
+    into `sink` at `position`, encoded a piece of at most PIECE_ROWS rows at a time without a dictionary, each
+    piece's pages written as it is encoded. Returns the chunk's metadata and the position after it."""
+    start, pieces, done = position, [], 0
+    no_dictionary = [*plain, *storage.dictionary_columns(pa.schema([leaf.field]), ())]
     while True:
         n = min(PIECE_ROWS, rows - done)
-        array = changed(p, values, reader.take(n)[values.column], offset + done, step_failed)
-        piece = one_group(pa.Table.from_arrays([array], schema=pa.schema([field])), plain)
+        array = reader.take(n).column(0)
+        if leaf.changes:
+            array = changed(p, values, array, offset + done, step_failed)
+        if array.type != leaf.field.type:
+            array = array.cast(leaf.field.type)  # the same values; the output's nullability
+        piece = one_group(pa.Table.from_arrays([array], schema=pa.schema([leaf.field])), no_dictionary)
         chunk = piece.meta.row_groups[0].columns[0]
         at, length = footer.chunk_range(chunk)
         for part in Pieces(piece.file).read(at, length):
             position = sink_write(sink, part, position)
         pieces.append((chunk, piece.pf.metadata.row_group(0).column(0).statistics))
-        first = first or piece
         done += n
         if done >= rows:
             break
-    return footer.stitched(pieces, start, [name]), position, first
+    return footer.stitched(pieces, start, [name, *chunk.meta_data.path_in_schema[1:]]), position
 
 
 def write(p: Plan, sink, plain: Iterable[str], step_failed) -> int:
@@ -390,18 +444,21 @@ def write(p: Plan, sink, plain: Iterable[str], step_failed) -> int:
     the bytes written."""
     plain = list(plain)
     base = p.sources[0]
-    in_pieces = dict(streamed(p, plain))
+    in_pieces = streamed(p, plain)
     whole = [(name, values) for name, values in p.encoded if name not in in_pieces]
     readers = {}
     for _, values in whole:
         readers.setdefault(values.source, set()).add(values.column)
     readers = {s: RowWindows(p.sources[s].pf, sorted(cols), min(max(base.groups), BATCH_ROWS))
                for s, cols in readers.items()}
-    piece_readers = {name: RowWindows(p.sources[values.source].pf, [values.column], BATCH_ROWS)
-                     for name, values in in_pieces.items()}
+    values_of = dict(p.columns)
+    leaf_readers = {(name, leaf.path): leaf_reader(p, values_of[name], leaf)
+                    for name, leaves in in_pieces.items() for leaf in leaves}
+    # where the schema elements of a column encoded in pieces come from: a file of its field and no rows
+    encoded = {name: one_group(pa.schema([p.schema.field(name)]).empty_table(), plain) for name in in_pieces}
     pieces: dict[int, Pieces] = {}
     position = sink_write(sink, footer.MAGIC, 0)
-    groups, encoded, offset = [], {}, 0
+    groups, offset = [], 0
     for g, rows in enumerate(base.groups):
         if whole:
             group = encoded_group(p, readers, rows, offset, plain, step_failed, whole)
@@ -409,10 +466,10 @@ def write(p: Plan, sink, plain: Iterable[str], step_failed) -> int:
         start, chunks = position, []
         for name, values in p.columns:
             if name in in_pieces:
-                chunk, position, first = write_pieces(p, sink, position, name, values, piece_readers[name], rows,
-                                                      offset, plain, step_failed)
-                encoded.setdefault(name, first)
-                chunks.append(chunk)
+                for leaf in in_pieces[name]:
+                    chunk, position = write_pieces(p, sink, position, name, values, leaf,
+                                                   leaf_readers[name, leaf.path], rows, offset, plain, step_failed)
+                    chunks.append(chunk)
                 continue
             if name in p.copied:
                 source, column, group = p.sources[values.source], values.column, g

@@ -68,8 +68,10 @@ def batches(pf: pq.ParquetFile, columns: list[str], batch_rows: int = BATCH_ROWS
 
 
 class RowWindows:
-    def __init__(self, pf: pq.ParquetFile, columns: list[str], window_rows: int):
-        self.schema = pa.schema([pf.schema_arrow.field(c) for c in columns], metadata=pf.schema_arrow.metadata)
+    def __init__(self, pf: pq.ParquetFile, columns: list[str], window_rows: int, schema: pa.Schema | None = None):
+        """`schema`: the batches' own where `columns` name nested fields ("a.b": a struct of b alone)."""
+        self.schema = schema or pa.schema([pf.schema_arrow.field(c) for c in columns],
+                                          metadata=pf.schema_arrow.metadata)
         self.rows = pf.metadata.num_rows
         self._pf, self._columns, self._batch_rows = pf, columns, max(1, min(window_rows, BATCH_ROWS))
         self._group = 0                                       # the next row group not yet started

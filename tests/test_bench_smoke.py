@@ -92,9 +92,9 @@ W9_GOALS = {f"{who} @ {layout}, 10,000 rows: peak RSS": "<= 0.5"
             for who in (W9_B, W9_D) for layout in ("pyarrow", "one")}
 W9_GOALS |= {f"{who} @ {layout}: peak RSS growth, 5,000 -> 10,000 rows": goal
              for who, goal in ((W9_B, "<= 1.1"), (W9_D, "<= 1.2")) for layout in W9_LAYOUTS}
-# W10 at smoke size: 60 and 200 shards of 10 rows on S3 (15 ms a request); 10^5 by a linear fit over them.
+# W10 at smoke size: 60 and 120 shards of 10 rows on S3 (15 ms a request); 10^5 by a linear fit over them.
 W10_MODES = {"(a) verify --samples 50": False, "(b) verify --samples 50 --all": True}  # label: --all
-W10_COUNTS = (60, 200)
+W10_COUNTS = (60, 120)
 W10_MEASURES = ("wall", "ms a shard", "requests a shard", "driver peak RSS", "verify CPU a shard")
 EXPECTED["W10"] = [f"set-up @ {n:,}: {what}" for n in W10_COUNTS
                    for what in ("put the inputs", "sidecar-ops run (the outputs)")] + [

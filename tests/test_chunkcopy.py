@@ -49,10 +49,20 @@ def base_table(n: int, nulls: bool = False, nested: bool = False, dictionary: bo
     return pa.table(cols)
 
 
-def scores(table: pa.Table, key: str, column: str, nulls: bool = False, dtype=np.float32) -> pa.Table:
+def scores(table: pa.Table, key: str, column: str, nulls: bool = False, dtype=np.float32,
+           shaped: bool = False) -> pa.Table:
+    """A score sidecar: `column` a float, or (`shaped`) a struct of a float score, an error string and a model
+    name, as DQM and AES sidecars hold them (some structs null, some errors set)."""
     n = table.num_rows
     values = np.random.default_rng(n + len(column)).random(n).astype(dtype)
     mask = (np.arange(n) % 5 == 1) if nulls else None
+    if shaped:
+        score = pa.array(values, mask=mask)
+        errors = pa.array([None if i % 7 else f"timeout {i % 3}" for i in range(n)])
+        models = pa.array([f"model-v{i % 2}" for i in range(n)])
+        struct_mask = pa.array(np.arange(n) % 11 == 3) if nulls else None
+        return pa.table({key: table[key], column: pa.StructArray.from_arrays(
+            [score, errors, models], names=["raw_score", "error", "model"], mask=struct_mask)})
     return pa.table({key: table[key], column: pa.array(values, mask=mask)})
 
 
@@ -95,12 +105,14 @@ LAYOUTS = {
 def make(tmp_path, layout: str, ops_extra: list[dict] | None = None):
     rows, base_groups, sibling_groups, table_kw, writer_kw, _ = LAYOUTS[layout]
     root = tmp_path / "data"
-    base = base_table(rows, **table_kw)
+    nulls = table_kw.get("nulls", False)
+    shaped = table_kw.get("shaped", False)
+    base_kw = {k: v for k, v in table_kw.items() if k != "shaped"}
+    base = base_table(rows, **base_kw)
     groups = spark_like(base, 16 << 10) if base_groups == "spark" else base_groups
     sgroups = groups if sibling_groups == "spark" else sibling_groups
-    nulls = table_kw.get("nulls", False)
     write(base, root / "base" / REL, groups, **writer_kw)
-    write(scores(base, "image_key", "dqm_d1_v6_1", nulls), root / "dqm" / REL, sgroups, **writer_kw)
+    write(scores(base, "image_key", "dqm_d1_v6_1", nulls, shaped=shaped), root / "dqm" / REL, sgroups, **writer_kw)
     write(scores(base, "s3_image_path", "ernie_image_aes", nulls, np.float64), root / "aes" / REL, sgroups,
           **writer_kw)
     prefixes = {name: f"{root}/{name}/" for name in ("base", "dqm", "aes")}
@@ -249,16 +261,18 @@ def test_a_misaligned_sibling_fails_the_copy_before_anything_is_written(tmp_path
     assert not (tmp_path / "data" / "copy").exists() or not any((tmp_path / "data" / "copy").rglob("*.parquet"))
 
 
+@pytest.mark.parametrize("shaped", [False, True], ids=["float-scores", "struct-scores"])
 @pytest.mark.parametrize("sibling_groups", [[2000], [700, 700, 600]], ids=["one-group", "cut-otherwise"])
 def test_scores_of_a_row_group_larger_than_a_piece_are_encoded_in_pieces_into_one_chunk(tmp_path, monkeypatch,
-                                                                                      sibling_groups):
+                                                                                      sibling_groups, shaped):
     """Spark's layout: base row groups of ~128 MiB, score sidecars of one row group. A score column whose sibling
     is cut otherwise than the base is encoded PIECE_ROWS rows at a time (never a whole row group), its pieces'
     pages written one after another as one column chunk: the output reads back as the decode path's, in the
     base's row groups, and each stitched chunk's statistics (min, max, null count) and value count are those of
-    its row group's values."""
+    its row group's values. A struct of scores (a float, an error string, a model name) is encoded leaf by leaf,
+    each leaf a chunk of its own pieces."""
     monkeypatch.setattr(chunkcopy, "PIECE_ROWS", 300)
-    LAYOUTS["large-groups"] = (2000, [1500, 500], sibling_groups, {"nulls": True}, {}, False)
+    LAYOUTS["large-groups"] = (2000, [1500, 500], sibling_groups, {"nulls": True, "shaped": shaped}, {}, False)
     try:
         job, _, _ = make(tmp_path, "large-groups")
     finally:
@@ -276,8 +290,11 @@ def test_scores_of_a_row_group_larger_than_a_piece_are_encoded_in_pieces_into_on
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         for name in ("dqm_d1_v6_1", "ernie_image_aes"):
-            chunk = group.column(table.schema.names.index(name))
+            leaf = f"{name}.raw_score" if shaped and name == "dqm_d1_v6_1" else name
+            chunk = group.column([meta.schema.column(i).path for i in range(meta.num_columns)].index(leaf))
             values = table[name].slice(start, group.num_rows)
+            if leaf != name:  # the leaf's values: null where the struct is
+                values = pc.struct_field(values, "raw_score")
             low, high = pc.min_max(values).values()
             stats = chunk.statistics
             assert (stats.min, stats.max, stats.null_count) == (low.as_py(), high.as_py(), values.null_count)
@@ -316,10 +333,11 @@ def test_the_copy_holds_a_fixed_buffer_whatever_the_rows_the_row_groups_and_the_
 @pytest.mark.slow
 def test_scores_encoded_into_larger_row_groups_hold_a_piece_not_the_row_group(tmp_path):
     """Spark's layout (W9: the base in row groups of ~128 MiB, each score sidecar one row group, so the scores are
-    encoded into the base's row groups): peak arrow memory of the copy path (a fresh process each) at 250,000
+    encoded into the base's row groups; DQM's a struct of a score, an error and a model name, as W9's): peak
+    arrow memory of the copy path (a fresh process each) at 250,000
     and 1,000,000 rows, the base's first row group 85% of the shard, within 25% of each other: a piece of
-    PIECE_ROWS rows of each score at a time (measured 8.9 -> 10.5 MiB); a whole row group of them at a time
-    grew 2.7x (12.6 -> 34.5 MiB), and 2.1x from 1M to 4M rows in W9."""
+    PIECE_ROWS rows of each score's leaf at a time (measured 8.9 -> 8.9 MiB); a whole row group of them at a
+    time grew 3x (16.1 -> 47.8 MiB), and 2.0x from 1M to 4M rows in W9."""
     import test_streaming as shard
 
     from tasks import storage
@@ -332,9 +350,12 @@ def test_scores_encoded_into_larger_row_groups_hold_a_piece_not_the_row_group(tm
         base = f"{root}base/{shard.REL}"
         write(pa.table({"key": keys, "path": paths, "size": list(range(n)), "w": [0.5] * n}),
               pathlib.Path(base), [n * 85 // 100, n - n * 85 // 100])
-        shard.write(pa.table({"key": keys, "dqm": [i / n for i in range(n)]}), f"{root}dqm/{shard.REL}", n)
+        dqm = pa.StructArray.from_arrays([pa.array([i / n for i in range(n)]), pa.array([None] * n, pa.string()),
+                                          pa.array(["model-v1"] * n)], names=["raw_score", "error", "model"])
+        shard.write(pa.table({"key": keys, "dqm": dqm}), f"{root}dqm/{shard.REL}", n)
         shard.write(pa.table({"path": paths, "aes": [1 - i / n for i in range(n)]}), f"{root}aes/{shard.REL}", n)
         peaks[n] = shard.peak_of("copy", root, 32 << 20)
         assert peaks[n]["rows"] == n
     mib = {n: round(v["peak"] / 2**20, 1) for n, v in peaks.items()}
+    print(f"peak arrow memory, 250,000 -> 1,000,000 rows: {mib[250_000]} -> {mib[1_000_000]} MiB")
     assert mib[1_000_000] <= 1.25 * mib[250_000], mib

@@ -33,7 +33,7 @@ def run(data: Path, size: dict) -> list[Row]:
     home.mkdir(parents=True, exist_ok=True)
     samples: dict[str, list[float]] = {"threads": [], "ray": [], "ray_alone": []}
     cli(case, case.output("warm"), home)  # untimed: warms the home and the page cache
-    for _ in range(max(size["repeats"], 3)):
+    for _ in range(size.get("w11_rounds", max(size["repeats"], 3))):
         for name, flags in (("threads", ()), ("ray", ("--use-ray",))):
             out = case.output(name)
             samples[name].append(cli(case, out, home, *flags))
