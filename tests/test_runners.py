@@ -6,6 +6,7 @@ Each Ray test starts Ray through the runner (num_cpus=2); Ray is shut down after
 
 from __future__ import annotations
 
+import os
 import time
 
 import pyarrow as pa
@@ -89,6 +90,23 @@ def square(x: int) -> int:
 
 
 # ---------------------------------------------------------------- tests
+
+
+def test_a_local_instance_gets_the_runtime_envs_variables_by_inheritance(monkeypatch):
+    """A local instance's raylet and workers are this process's children: the runtime env's variables go into
+    this process's environment only while ray.init starts them (Ray then uses the workers it started with the
+    instance), the rest of the runtime env stays, and the environment is as it was afterwards."""
+    from flows.runners import environment, inherited_env
+
+    kwargs = {"log_to_driver": False, "runtime_env": {"env_vars": {"A": "1", "B": "2"}, "pip": ["x"]}}
+    rest, env_vars = inherited_env(kwargs)
+    assert rest == {"log_to_driver": False, "runtime_env": {"pip": ["x"]}} and env_vars == {"A": "1", "B": "2"}
+    assert inherited_env({"runtime_env": {"env_vars": {"A": "1"}}}) == ({}, {"A": "1"})
+    monkeypatch.setenv("A", "before")
+    monkeypatch.delenv("B", raising=False)
+    with environment(env_vars):
+        assert (os.environ["A"], os.environ["B"]) == ("1", "2")
+    assert os.environ["A"] == "before" and "B" not in os.environ
 
 
 def test_make_task_runner_choices():
