@@ -142,7 +142,8 @@ class ShardStats:
 
 
 # Failures that come back the same on every attempt: not worth a retry.
-PERMANENT = (PermissionError, FileNotFoundError, pa.ArrowException)
+PERMANENT = (PermissionError, FileNotFoundError, pa.ArrowException,
+             storage.WriteAbandoned)  # the process is stopping: a retry would be abandoned too
 
 
 class Told(ShardError):

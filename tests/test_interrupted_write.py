@@ -72,3 +72,24 @@ def test_a_shard_merge_interrupted_while_writing_leaves_no_temp_file(tmp_path, m
     assert len(seen) == 1 and len(seen[0]) == 1, seen  # the interruption came with a temp file in place
     assert temp_files(setup.output) == []
     assert not os.path.exists(setup.output + REL[0])
+
+
+def test_a_shard_whose_write_was_abandoned_is_not_retried(tmp_path):
+    """A shard that reaches its write after the run abandoned its writes (the grace period is over) fails with
+    nothing written, and as a failure no retry would change: Prefect does not retry it (worth_retrying)."""
+    from tasks.errors import ShardError
+    from tasks.prefect_tasks import worth_retrying
+
+    setup = build(tmp_path, str(tmp_path / "data") + "/")
+    with storage.run_writes():
+        storage.abandon_writes()
+        with pytest.raises(ShardError, match="abandoned") as failed:
+            merge_shard(Job(load_pipeline(setup.pipeline), setup.output), REL[0])
+    assert failed.value.transient is False
+
+    class Failed:
+        def result(self, raise_on_failure=False):
+            return failed.value
+
+    assert worth_retrying(None, None, Failed()) is False
+    assert temp_files(setup.output) == [] and not os.path.exists(setup.output + REL[0])
