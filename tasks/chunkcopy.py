@@ -461,8 +461,8 @@ def write(p: Plan, sink, plain: Iterable[str], step_failed) -> int:
     groups, offset = [], 0
     for g, rows in enumerate(base.groups):
         if whole:
-            group = encoded_group(p, readers, rows, offset, plain, step_failed, whole)
-            encoded.update((name, group) for name, _ in whole)
+            this_group = encoded_group(p, readers, rows, offset, plain, step_failed, whole)
+            encoded.update((name, this_group) for name, _ in whole)
         start, chunks = position, []
         for name, values in p.columns:
             if name in in_pieces:
@@ -482,8 +482,8 @@ def write(p: Plan, sink, plain: Iterable[str], step_failed) -> int:
                 for piece in reader.read(at, length):
                     position = sink_write(sink, piece, position)
                 chunks.append(footer.moved(chunk, position - length, [name, *chunk.meta_data.path_in_schema[1:]]))
-        for name, _ in whole[:1]:
-            pieces.pop(id(encoded[name]), None)
+        if whole:  # this row group's encoded file is done with
+            pieces.pop(id(this_group), None)
         groups.append(footer.row_group(chunks, rows, start))
         offset += rows
     return sink_write(sink, footer.encode(file_meta(p, groups, encoded, plain)), position)

@@ -157,17 +157,13 @@ def stitched(pieces: list[tuple[ThriftObject, object]], start: int, path: list[s
     out.meta_data.total_uncompressed_size = sum(m.total_uncompressed_size for m in metas)
     meta[ENCODINGS] = sorted({e for m in metas for e in m.contents.get(ENCODINGS) or ()})
     if all(ENCODING_STATS in m.contents for m in metas):
-        counts: dict[tuple[int, int], int] = {}
-        for m in metas:
-            for s in m.encoding_stats:
-                counts[s.page_type, s.encoding] = counts.get((s.page_type, s.encoding), 0) + s.count
-        kept = []
-        for s in metas[0].encoding_stats + [s for m in metas[1:] for s in m.encoding_stats]:
-            if (s.page_type, s.encoding) in counts:
-                s = s.copy()
-                s.count = counts.pop((s.page_type, s.encoding))
-                kept.append(s)
-        out.meta_data.encoding_stats = kept
+        kept: dict[tuple[int, int], ThriftObject] = {}  # (page type, encoding) -> its page count, in first order
+        for s in (s for m in metas for s in m.encoding_stats):
+            if (s.page_type, s.encoding) in kept:
+                kept[s.page_type, s.encoding].count += s.count
+            else:
+                kept[s.page_type, s.encoding] = s.copy()
+        out.meta_data.encoding_stats = list(kept.values())
     else:
         meta.pop(ENCODING_STATS, None)
     stats = [m.contents.get(STATISTICS) for m in metas]
