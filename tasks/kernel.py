@@ -173,9 +173,11 @@ def input_reads(job: Job, relpath: str) -> list[tuple[str, Callable[[str], bool]
 
 def fetch_inputs_ahead(job: Job, relpath: str) -> None:
     """Start fetching the base and every sibling of the shard at once (storage.fetch_ahead: S3, listed inputs);
-    the steps then read them from memory instead of one after another."""
-    for uri, wanted in input_reads(job, relpath):
-        storage.fetch_ahead(uri, wanted)
+    the steps then read them from memory instead of one after another. Together they take at most the job's
+    window budget: the siblings first (a step reads one's key and columns whole), the base with what is left."""
+    room = job.window_bytes
+    for uri, wanted in reversed(input_reads(job, relpath)):
+        room -= storage.fetch_ahead(uri, wanted, room)
 
 
 def forget_inputs_ahead(job: Job, relpath: str) -> None:

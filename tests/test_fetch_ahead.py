@@ -139,6 +139,28 @@ def test_what_was_not_fetched_is_read_then_and_a_failed_fetch_reads_as_usual(tmp
     assert ahead.waiting() == 0
 
 
+def test_reads_through_a_wanted_span_that_was_not_fetched_make_one_get_a_read_on(monkeypatch):
+    """Beyond what was fetched, a read inside a wanted span reads on READ_ON bytes (to the span's end at most)
+    and the reads that follow come from it: reading a span in file order costs one GET per READ_ON, not one a
+    read; a read outside every span is asked for exactly."""
+    monkeypatch.setattr(ahead, "READ_ON", 100)
+    data = bytes(range(256)) * 8
+    asked: list = []
+    f = ahead.Fetched(len(data), {}, [(1900, data[1900:])], recorded(data, asked), spans=[(200, 650), (1000, 1900)])
+    got = b""
+    for start in range(200, 650, 10):  # 45 reads of 10 bytes through the first span
+        f.seek(start)
+        got += bytes(f.read(10))
+    assert got == data[200:650] and asked == [(200, 300), (300, 400), (400, 500), (500, 600), (600, 650)]
+    del asked[:]
+    f.seek(700)
+    assert bytes(f.read(10)) == data[700:710] and asked == [(700, 710)]  # between spans: exactly
+    f.seek(1850)
+    assert bytes(f.read(100)) == data[1850:1950] and asked[1:] == [(1850, 1950)]  # across a hole: exactly
+    f.seek(1000)
+    assert bytes(f.read(250)) == data[1000:1250] and asked[2:] == [(1000, 1250)]  # larger than READ_ON: exactly
+
+
 def test_a_fetched_object_reads_like_a_file_from_its_start_to_its_end(caplog):
     """From its first byte (before any seek), position kept across reads, read(0) and a read at the end give
     nothing; a read within one range is a view of the bytes fetched (no copy), one across two is joined, and
@@ -245,6 +267,69 @@ def test_a_footer_beyond_the_tail_is_fetched_before_the_wanted_columns(monkeypat
     spans = ahead._spans(pq.read_metadata(pa.BufferReader(data)), lambda c: c == "s", size)
     assert len(spans) == 1 + gaps.count(max(gaps)) > 1
     assert spans[0][0] == wanted[0][0] and spans[-1][1] == wanted[-1][1]
+
+
+@pytest.mark.parametrize("parts", [0, 1, 2.5, 1000], ids=lambda p: f"{p} parts")
+def test_a_limited_fetch_holds_its_tail_and_the_first_wanted_bytes_that_fit(monkeypatch, parts):
+    """A fetch bounded by `limit` asks for the tail, then the wanted chunks in file order until the limit (the
+    last part cut to fit), holds no more, and answers every other read then: the table reads as a plain read."""
+    monkeypatch.setattr(ahead, "TAIL", ahead.FOOTER_READ)
+    monkeypatch.setattr(ahead, "PART", 8 * 1024)
+    table = pa.table({f"c{i}": pa.array(range(20_000), pa.int64()) for i in range(4)})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=5_000)  # a footer within the tail
+    data = sink.getvalue().to_pybytes()
+    size = len(data)
+    asked: list = []
+    limit = ahead.FOOTER_READ + int(parts * ahead.PART)
+    held = ahead.fetch("s3://b/limited.parquet", "limited", size, {}, lambda c: True, recorded(data, asked), limit)
+    fetched = ahead.take("s3://b/limited.parquet", "limited")
+    assert held == min(size, limit) and size > 4 * ahead.PART + ahead.FOOTER_READ
+    assert asked[0] == (size - ahead.FOOTER_READ, size)
+    body = sorted(asked[1:])
+    assert sum(e - s for s, e in asked) <= held == min(size, limit)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(body)), "a byte asked twice"
+    if body:  # the first wanted bytes, from the first chunk on, with no hole
+        assert body[0][0] == chunk_ranges(pq.read_metadata(pa.BufferReader(data)), "c0")[0][0]
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(body))
+    del asked[:]
+    assert pq.ParquetFile(fetched).read().equals(table)
+    assert bool(asked) == (limit < size), "what did not fit is read when asked for, and only that"
+    assert ahead.fetch("s3://b/small.parquet", "small", size, {}, lambda c: True, recorded(data, []),
+                       ahead.FOOTER_READ - 1) == 0  # no room for the tail: not fetched at all
+    assert ahead.waiting() == 0
+
+
+def test_a_shards_inputs_share_its_window_budget_siblings_first(tmp_path, s3_root, monkeypatch):
+    """fetch_inputs_ahead gives the siblings their fetch first and the base what is left of the job's window
+    budget: the bytes the shard's fetches may hold never exceed it, and the shard merges as a plain read does."""
+    monkeypatch.setattr(ahead, "TAIL", ahead.FOOTER_READ)
+    setup = build(tmp_path, s3_root, shards=3, rows=20_000)  # a base beyond a tail
+    listed = listed_inputs(setup)
+    sizes = {uri: int(ident.split(";")[0].split("=")[1]) for uri, ident in listed.items()}
+    base = setup.prefixes["base"] + REL[0]
+    calls: list = []
+    real = storage.fetch_ahead
+
+    def fetch_ahead(uri, wanted, limit=None):
+        calls.append((uri, limit, real(uri, wanted, limit)))
+        return calls[-1][2]
+
+    monkeypatch.setattr(storage, "fetch_ahead", fetch_ahead)
+    job = Job(load_pipeline(str(setup.pipeline)), setup.output)
+    order = [uri for uri, _ in kernel.input_reads(job, REL[0])][::-1]  # the last step's sibling first
+    siblings = order[:-1]
+    assert order[-1] == base and len(siblings) >= 2
+    budget = sum(sizes[uri] for uri in siblings) + sizes[base] // 2  # the base does not fit whole
+    job = Job(load_pipeline(str(setup.pipeline)), setup.output, window_bytes=budget)
+    stats = merged(job, REL[0], listed)
+    assert [uri for uri, _, _ in calls] == order
+    assert [held for _, _, held in calls] == [sizes[uri] for uri in siblings] + [sizes[base] // 2]
+    assert sum(held for _, _, held in calls) == budget
+    assert stats.rows == read_table(base).num_rows
+    plain = Job(load_pipeline(str(setup.pipeline)), setup.root + "plain/", fetch_ahead=False)
+    kernel.merge_shard(plain, REL[0])
+    assert read_table(setup.output + REL[0]).equals(read_table(setup.root + "plain/" + REL[0]))
 
 
 @pytest.mark.parametrize("footer, magic", [(10, b"PAR2"), (ahead.FOOTER_READ * 2 + 1, b"PAR1"),

@@ -259,3 +259,26 @@ def moto_with_proxy(latency_ms: float = 0.0):
     finally:
         proxy.shutdown()
         moto.stop()
+
+
+@contextlib.contextmanager
+def bench_s3(latency_ms: float = 0.0):
+    """moto_with_proxy, with this process (and the children it starts) pointed at the proxy: AWS_ENDPOINT_URL
+    set, bench credentials where none are set, our S3 client made afresh on the way in and out."""
+    from tasks import storage
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "bench-key-id", "AWS_SECRET_ACCESS_KEY": "bench-secret-key",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        os.environ.setdefault(key, value)
+    old = os.environ.get("AWS_ENDPOINT_URL")
+    with moto_with_proxy(latency_ms=latency_ms) as (url, log):
+        os.environ["AWS_ENDPOINT_URL"] = url
+        storage._s3.cache_clear()
+        try:
+            yield url, log
+        finally:
+            storage._s3.cache_clear()
+            if old is None:
+                os.environ.pop("AWS_ENDPOINT_URL", None)
+            else:
+                os.environ["AWS_ENDPOINT_URL"] = old

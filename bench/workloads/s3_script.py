@@ -111,7 +111,13 @@ def main(spec_path: str, report_path: str) -> None:
     else:
         rows = sum(work(fs, spec, shard) for shard in shards)
     with open(report_path, "w") as f:
-        json.dump({"t0": T0, "t_work": t, "t_done": time.time(), "rows": rows}, f)
+        json.dump({"t0": T0, "t_work": t, "t_done": time.time(), "rows": rows, "maxrss_mb": maxrss_mb()}, f)
+
+
+def maxrss_mb() -> float:
+    """Peak RSS of this process (VmHWM), as bench/workloads/common.py reads it (this script imports nothing of ours)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
 
 
 if __name__ == "__main__":

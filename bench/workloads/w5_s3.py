@@ -3,12 +3,11 @@ S3 request counted by a proxy in front of moto: per shard of the kernel, per run
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from bench.workloads.common import Row, median, timed
 from bench.workloads.contenders import kernel
-from bench.workloads.counting import moto_with_proxy
+from bench.workloads.counting import bench_s3
 from bench.workloads.data import Case, make_case, write_yamls
 from bench.workloads.flowrun import run_flow
 
@@ -23,23 +22,8 @@ def _fmt(counts, n: int) -> str:
 def run(data: Path, size: dict) -> list[Row]:
     local = make_case(data / "w5", size["w5_shards"], size["w5_rows"])
     n = len(local.relpaths)
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench-key-id")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench-secret-key")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    old_endpoint = os.environ.get("AWS_ENDPOINT_URL")
-    with moto_with_proxy() as (url, log):
-        os.environ["AWS_ENDPOINT_URL"] = url
-        from tasks import storage
-
-        storage._s3.cache_clear()
-        try:
-            return _measure(data, size, local, n, url, log)
-        finally:
-            storage._s3.cache_clear()
-            if old_endpoint is None:
-                os.environ.pop("AWS_ENDPOINT_URL", None)
-            else:
-                os.environ["AWS_ENDPOINT_URL"] = old_endpoint
+    with bench_s3() as (url, log):
+        return _measure(data, size, local, n, url, log)
 
 
 def _measure(data: Path, size: dict, local: Case, n: int, url: str, log) -> list[Row]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import collections
 import io
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.workloads.common import REPO, Row, bench_env, median, probe
-from bench.workloads.counting import W8_KINDS, moto_with_proxy
+from bench.workloads.counting import W8_KINDS, bench_s3
 from bench.workloads.data import SIDECARS, Case, make_case, write_yamls
 from bench.workloads.w0_fixed import cli_home, is_warm
 
@@ -50,20 +49,9 @@ NAMES = {"a": "(a) script, sequential", "b": "(b) script, 8 shards at once", "c"
 def run(data: Path, size: dict) -> list[Row]:
     case = make_case(data / "w8", size["w8_shards"], size["w8_rows"])
     one = make_case(data / "w8-one", 1, size["w8_rows"])
-    for key, value in {"AWS_ACCESS_KEY_ID": "bench-key-id", "AWS_SECRET_ACCESS_KEY": "bench-secret-key",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        os.environ.setdefault(key, value)
-    old = os.environ.get("AWS_ENDPOINT_URL")
     latency = float(size.get("w8_latency_ms", 15))
-    with moto_with_proxy(latency_ms=latency) as (url, log):
-        os.environ["AWS_ENDPOINT_URL"] = url
-        try:
-            return W8(data, size, case, one, url, log, latency).measure()
-        finally:
-            if old is None:
-                os.environ.pop("AWS_ENDPOINT_URL", None)
-            else:
-                os.environ["AWS_ENDPOINT_URL"] = old
+    with bench_s3(latency_ms=latency) as (url, log):
+        return W8(data, size, case, one, url, log, latency).measure()
 
 
 def io_phase(entries: list[dict]) -> float:

@@ -14,6 +14,11 @@ deliverable 3): peak RSS of one shard at several sizes (full: 0.5M, 1M, 1.5M, 2M
 (d) `sidecar-ops verify --samples 1 --all` on (b)'s output
 (e) the whole-table verify script (contenders.verify_whole, the guide's validation: read the output, the base
     and each source whole; compare keys, base columns and merged columns) on (b)'s output: verify's floor
+On S3 (issue 34), the pyarrow layout at `w9_goal_rows`, the shard uploaded to moto (server mode, loopback, in
+this process: its memory is not the contenders'):
+(a') the W8 floor script (bench/workloads/s3_script.py, pyarrow's own S3 filesystem, one shard): the base read
+     whole, each source's key and score columns, zstd parquet written
+(b') the one-shard `sidecar-ops run` of (b) on S3: inputs fetched ahead, the output a multipart upload
 
 Peaks are VmHWM of the process image (bench/workloads/common.py:maxrss_mb). Ratios: each contender / (a) at
 each layout and size (goals for (b) and (d) <= 0.5 at `w9_goal_rows` (1.5M in the issue) for the pyarrow and
@@ -23,11 +28,20 @@ one round.
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
-from bench.workloads.common import Row, probe
-from bench.workloads.data import check_rows, make_case
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bench.workloads.common import Row, bench_env, probe
+from bench.workloads.counting import bench_s3
+from bench.workloads.data import SIDECARS, check_rows, make_case, write_yamls
 from bench.workloads.w0_fixed import cli_home
+from bench.workloads.w8_latency import SCRIPT as S3_SCRIPT_PY
+from bench.workloads.w8_latency import SOURCES
 
 SCRIPT, RUN, CHAIN = ("(a) whole-table script", "(b) one-shard sidecar-ops run",
                       "(c) one-shard sidecar-ops run --task-per-operation")
@@ -39,6 +53,8 @@ CHAIN_LAYOUTS = ("pyarrow",)
 GOAL_LAYOUTS = ("pyarrow", "one")  # the issue's memory goal at w9_goal_rows; growth is asked of every layout
 BOUNDED = (RUN, VERIFY)  # the contenders the goals are for
 GROWTH = {RUN: "<= 1.1", VERIFY: "<= 1.2"}
+S3_SCRIPT, S3_RUN = "(a') whole-table script on S3", "(b') one-shard sidecar-ops run on S3"
+BUCKET = "w9-s3"
 
 
 def peak_script(case, name: str, out: str) -> float:
@@ -47,9 +63,9 @@ def peak_script(case, name: str, out: str) -> float:
     return rep["maxrss_mb"]
 
 
-def peak_cli(home: Path, command: str, case, out: str, *flags: str) -> float:
+def peak_cli(home: Path, command: str, case, out: str, *flags: str, pipeline: str | None = None) -> float:
     home.mkdir(parents=True, exist_ok=True)
-    rep = probe("cli", "--", command, case.pipeline, "--output-prefix", out, *flags,
+    rep = probe("cli", "--", command, pipeline or case.pipeline, "--output-prefix", out, *flags,
                 env={"PREFECT_HOME": str(home)})
     assert rep["exit_code"] == 0, f"sidecar-ops {command}: exit {rep['exit_code']}\n{rep['stderr_tail']}"
     return rep["maxrss_mb"]
@@ -84,8 +100,6 @@ def growth_label(name: str, layout: str, low: int, high: int) -> str:
 
 
 def groups_note(case) -> str:
-    import pyarrow.parquet as pq
-
     def groups(sidecar: str) -> str:
         md = pq.ParquetFile(case.path(sidecar, case.relpaths[0])).metadata
         return "/".join(f"{md.row_group(i).num_rows:,}" for i in range(md.num_row_groups))
@@ -124,4 +138,39 @@ def run(data: Path, size: dict) -> list[Row]:
             notes[n] = groups_note(case)
             peaks[n] = measure(case, home, chain=layout in CHAIN_LAYOUTS)
         rows += layout_rows(layout, peaks, notes, size)
-    return rows
+    return rows + s3_rows(data, size, home)
+
+
+def s3_rows(data: Path, size: dict, home: Path) -> list[Row]:
+    """(a') and (b'): the goal size's pyarrow-layout shard on S3 (moto, no latency: memory does not depend on it)."""
+    import boto3
+
+    n = size["w9_goal_rows"]
+    case = make_case(data / f"w9-pyarrow-{n}", 1, n, layout="pyarrow")
+    rel = case.relpaths[0]
+    work = data / "w9-s3"
+    with bench_s3() as (url, log):
+        s3 = boto3.client("s3", endpoint_url=url)
+        s3.create_bucket(Bucket=BUCKET)
+        for sidecar in SIDECARS:
+            s3.upload_file(case.path(sidecar, rel), BUCKET, f"in/{sidecar}/{rel}")
+        write_yamls(work, source_root=f"s3://{BUCKET}/in")
+        spec = {"bucket": BUCKET, "base": "in/base/", "output": "script/", "threads": 1, "relpaths": [rel],
+                "sources": [[f"in/{s}/", key, col] for s, key, col in SOURCES]}
+        (work / "spec.json").write_text(json.dumps(spec))
+        proc = subprocess.run([sys.executable, str(S3_SCRIPT_PY), str(work / "spec.json"), str(work / "report.json")],
+                              env=bench_env(), capture_output=True, text=True, timeout=3600)
+        assert proc.returncode == 0, f"s3_script.py failed:\n{proc.stderr[-3000:]}"
+        script = json.loads((work / "report.json").read_text())
+        assert script["rows"] == n, f"{S3_SCRIPT}: {script['rows']} rows, expected {n}"
+        log.clear()
+        run = peak_cli(home, "run", case, f"s3://{BUCKET}/run/", pipeline=str(work / "pipelines" / "bench.yaml"))
+        requests = ", ".join(f"{kind} {count}" for kind, count in sorted(log.counts().items()))
+        body = s3.get_object(Bucket=BUCKET, Key=f"run/{rel}")["Body"].read()
+        got = pq.ParquetFile(pa.BufferReader(body)).metadata.num_rows
+        assert got == n, f"{S3_RUN}: {rel} has {got} rows, expected {n}"
+    ref = f"{S3_SCRIPT} @ pyarrow, {n:,} rows: peak RSS"
+    return [Row("W9", ref, script["maxrss_mb"], unit="MiB", note=f"1 shard x {n:,} rows on moto; {groups_note(case)}"),
+            Row("W9", f"{S3_RUN} @ pyarrow, {n:,} rows: peak RSS", run, unit="MiB", ref=ref, goal="<= 0.5",
+                note=f"the run's requests: {requests}")]
+

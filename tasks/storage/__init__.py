@@ -222,13 +222,15 @@ def listed(identities: dict[str, str]) -> Iterator[None]:
         _LISTED.reset(token)
 
 
-def fetch_ahead(uri: str, wanted: Callable[[str], bool]) -> None:
+def fetch_ahead(uri: str, wanted: Callable[[str], bool], limit: int | None = None) -> int:
     """Start fetching an object the code running in this context will read, if `listed` named its version and
     its backend gains from it (S3: tasks/storage/ahead.py); `wanted(column)` says which top-level columns the
-    read needs. open_parquet of it then reads from what was fetched; nothing changes for a reader otherwise."""
+    read needs, `limit` how many bytes it may take. open_parquet of it then reads from what was fetched; nothing
+    changes for a reader otherwise. Returns the bytes the fetch may hold (0: not fetched)."""
     identity = _LISTED.get().get(uri)
     if identity and identity != ABSENT:
-        backend(uri).fetch_ahead(uri, identity, wanted)
+        return backend(uri).fetch_ahead(uri, identity, wanted, limit)
+    return 0
 
 
 def forget_ahead(uris: Iterable[str]) -> None:

@@ -9,7 +9,9 @@ dropped to stay under the byte budget, is simply not there, and the input is rea
 
 Only objects whose identity a listing gave are fetched (a shard task's first attempt): a retry reads afresh.
 Fetched bytes wait in a per-process table until taken, bounded by SIDECAR_OPS_FETCH_AHEAD_BYTES (512 MiB; 0
-turns fetching ahead off): beyond it the oldest are dropped.
+turns fetching ahead off): beyond it the oldest are dropped. A caller may also bound one object's fetch (a
+shard task's inputs share its window budget): its tail and the first wanted chunks that fit are fetched, the rest
+read when asked for.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ TAIL = 1 << 20   # the first GET of an object: its last MiB (footer, and the who
 FOOTER_READ = 64 << 10  # pyarrow's first read of a footer (kDefaultFooterReadSize): a tail always holds it
 GAP = 1 << 20    # wanted ranges closer than this are fetched as one (a gap costs less than a round trip)
 PART = 8 << 20   # larger spans are fetched in parallel parts of this size
+READ_ON = 4 << 20  # a read beyond a limited fetch reads on this far into its wanted span
 BUDGET = int(os.environ.get("SIDECAR_OPS_FETCH_AHEAD_BYTES") or 512 * 2**20)
 
 log = logging.getLogger(__name__)
@@ -46,15 +49,20 @@ def _pools() -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
 
 class Fetched(io.RawIOBase):
     """A read-only, seekable view of one object from the ranges fetched; a read outside them (a column the
-    fetch did not expect) is made then, pinned like the rest. `details` and `size` answer file_identity and
-    file_size like an open s3fs file's."""
+    fetch did not expect, or wanted bytes beyond a limited fetch) is made then, pinned like the rest. A read
+    inside a wanted span (`spans`) reads on to PART bytes of it, kept for the reads that follow (one such
+    buffer at a time): a reader going through the chunks in file order makes one GET a PART, not one a chunk.
+    `details` and `size` answer file_identity and file_size like an open s3fs file's."""
 
-    def __init__(self, size: int, details: dict, ranges: list[tuple[int, bytes]], read_range: Callable):
+    def __init__(self, size: int, details: dict, ranges: list[tuple[int, bytes]], read_range: Callable,
+                 spans: list[tuple[int, int]] = ()):
         super().__init__()
         self.size, self.details = size, details
         self._ranges = sorted(ranges, key=lambda r: r[0])
         self._starts = [start for start, _ in self._ranges]
         self._read_range = read_range
+        self._spans = sorted(spans)
+        self._ahead: tuple[int, bytes] = (0, b"")  # the last read made on beyond what was asked
         self._pos = 0
 
     def close(self) -> None:
@@ -93,25 +101,36 @@ class Fetched(io.RawIOBase):
             at, i = first + len(data), i + 1
         if at >= end:
             return pieces[0] if len(pieces) == 1 else b"".join(pieces)  # one piece: no copy (pyarrow takes it)
+        first, data = self._ahead
+        if first <= start and end <= first + len(data):
+            return memoryview(data)[start - first:end - first]
         log.debug("read of bytes %d-%d was not fetched ahead", start, end)
-        return self._read_range(start, end)
+        i = bisect.bisect_right(self._spans, (start, self.size)) - 1
+        stop = max(end, min(self._spans[i][1], start + READ_ON)) if i >= 0 and start < self._spans[i][1] else end
+        if stop == end:
+            return self._read_range(start, end)
+        self._ahead = (start, self._read_range(start, stop))
+        return memoryview(self._ahead[1])[:end - start]
 
 
 def fetch(uri: str, identity: str, size: int, details: dict, wanted: Callable[[str], bool],
-          read_range: Callable) -> None:
+          read_range: Callable, limit: int | None = None) -> int:
     """Start fetching one listed object of `size` bytes unless the budget is spent; `wanted(name)` says which
     top-level columns the read will need; `read_range(start, end)` makes one pinned GET; `details` is what
-    the backend's file_identity reads from an open file."""
-    if size <= 0 or size > BUDGET:
-        return
+    the backend's file_identity reads from an open file. At most `limit` bytes are fetched (its tail, then
+    the wanted chunks in file order: what does not fit is read when asked for). Returns the bytes it may hold."""
+    held = size if limit is None else min(size, limit)
+    if size <= 0 or held > BUDGET or held < min(size, max(TAIL, FOOTER_READ)):
+        return 0
     with _lock:
         if (uri, identity) in _waiting:
-            return
-        while _waiting and _held() + size > BUDGET:
+            return 0
+        while _waiting and _held() + held > BUDGET:
             _, (_, dropped) = _waiting.popitem(last=False)
             dropped.cancel()
         objects, ranges = _pools()
-        _waiting[(uri, identity)] = (size, objects.submit(_fetch, size, details, wanted, read_range, ranges))
+        _waiting[(uri, identity)] = (held, objects.submit(_fetch, size, details, wanted, read_range, ranges, held))
+    return held
 
 
 def take(uri: str, identity: str) -> Fetched | None:
@@ -151,7 +170,7 @@ def waiting(uri: str | None = None) -> int:
 
 
 def _fetch(size: int, details: dict, wanted: Callable[[str], bool], read_range: Callable,
-           pool: ThreadPoolExecutor) -> Fetched:
+           pool: ThreadPoolExecutor, limit: int | None = None) -> Fetched:
     tail_start = max(0, size - max(TAIL, FOOTER_READ))
     tail = read_range(tail_start, size)
     if tail_start == 0:
@@ -164,9 +183,14 @@ def _fetch(size: int, details: dict, wanted: Callable[[str], bool], read_range: 
         tail_start = size - footer
     spans = _spans(pq.ParquetFile(Fetched(size, details, [(tail_start, tail)], read_range)).metadata, wanted,
                    tail_start)
-    parts = [(s, min(s + PART, end)) for start, end in spans for s in range(start, end, PART)]
+    parts, room = [], (size if limit is None else limit) - len(tail)
+    for s, e in ((s, min(s + PART, end)) for start, end in spans for s in range(start, end, PART)):
+        if room <= 0:
+            break
+        parts.append((s, min(e, s + room)))
+        room -= parts[-1][1] - s
     futures = [(s, pool.submit(read_range, s, e)) for s, e in parts]
-    return Fetched(size, details, [(s, f.result()) for s, f in futures] + [(tail_start, tail)], read_range)
+    return Fetched(size, details, [(s, f.result()) for s, f in futures] + [(tail_start, tail)], read_range, spans)
 
 
 def _spans(meta: pq.FileMetaData, wanted: Callable[[str], bool], limit: int) -> list[tuple[int, int]]:

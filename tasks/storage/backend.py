@@ -109,9 +109,11 @@ class Backend:
         open_parquet (the identity is taken from the open file as usual)."""
         return self.open_parquet(uri)
 
-    def fetch_ahead(self, uri: str, identity: str, wanted) -> None:
-        """Start fetching a listed object's bytes in the background (storage.fetch_ahead); by default nothing:
-        where a read costs no round trip there is nothing to overlap."""
+    def fetch_ahead(self, uri: str, identity: str, wanted, limit: int | None = None) -> int:
+        """Start fetching a listed object's bytes in the background (storage.fetch_ahead), at most `limit`;
+        returns the bytes it may hold. By default nothing: where a read costs no round trip there is nothing to
+        overlap."""
+        return 0
 
     def refusal(self) -> str | None:
         """Why outputs cannot go to this backend, or None when they can."""

@@ -27,9 +27,10 @@ from tasks.storage import ahead
 from tasks.storage.backend import Backend, Written
 from tasks.storage.inflight import WriteAbandoned, tracked
 
-# Payloads of at least MULTIPART_THRESHOLD bytes go up in parts of PART_SIZE (S3's minimum part is 5 MiB).
-MULTIPART_THRESHOLD = int(os.environ.get("SIDECAR_OPS_MULTIPART_THRESHOLD") or 64 * 2**20)
-PART_SIZE = int(os.environ.get("SIDECAR_OPS_PART_SIZE") or 32 * 2**20)
+# Payloads of at least MULTIPART_THRESHOLD bytes go up in parts of PART_SIZE (S3's minimum part is 5 MiB): 8 MiB
+# each, as boto3's transfers default to, so that a writer holds at most a part of its output.
+MULTIPART_THRESHOLD = int(os.environ.get("SIDECAR_OPS_MULTIPART_THRESHOLD") or 8 * 2**20)
+PART_SIZE = int(os.environ.get("SIDECAR_OPS_PART_SIZE") or 8 * 2**20)
 ABORT_ATTEMPTS = 5
 DEFAULT_MAX_ATTEMPTS = 8      # botocore attempts per request (AWS_MAX_ATTEMPTS overrides)
 DEFAULT_RETRY_MODE = "adaptive"  # exponential backoff with jitter + client-side rate limiting on throttles
@@ -171,10 +172,10 @@ class S3Backend(Backend):
         pin(f, {**f.details, "ETag": etag})
         return f
 
-    def fetch_ahead(self, uri: str, identity: str, wanted) -> None:
+    def fetch_ahead(self, uri: str, identity: str, wanted, limit: int | None = None) -> int:
         listed = parse_identity(identity)
         if listed is None:
-            return
+            return 0
         size, etag = listed
 
         def read_range(start: int, end: int) -> bytes:  # one GET, pinned to the listed ETag
@@ -183,7 +184,7 @@ class S3Backend(Backend):
                 return f.read(end - start)
 
         details = {"name": uri[len("s3://"):], "size": size, "type": "file", "ETag": etag}
-        ahead.fetch(uri, identity, size, details, wanted, read_range)
+        return ahead.fetch(uri, identity, size, details, wanted, read_range, limit)
 
     def open_parquet(self, uri: str, size: int | None = None):
         """Without fsspec's readahead cache: pyarrow already asks for exactly the byte ranges it needs."""
@@ -303,8 +304,10 @@ class Upload(io.RawIOBase):
             if self.upload is None and len(self.pending) >= MULTIPART_THRESHOLD:
                 self.start()
             while self.upload is not None and len(self.pending) >= PART_SIZE:
-                self.send(bytes(self.pending[:PART_SIZE]))
+                with memoryview(self.pending) as view:
+                    part = bytes(view[:PART_SIZE])  # one copy (a slice of the bytearray would be another)
                 del self.pending[:PART_SIZE]
+                self.send(part)
         except BaseException:
             self.ended = True
             raise
