@@ -37,7 +37,8 @@ DEFAULT_RETRY_MODE = "adaptive"  # exponential backoff with jitter + client-side
 CONNECT_TIMEOUT, READ_TIMEOUT = 5, 120  # seconds, per attempt
 # Seconds at most between two attempts to reach an endpoint that refused the connection or did not answer it:
 # botocore's backoff (up to 20 s a wait) kept a closed port busy for ~55 s a request; capped, every attempt is
-# still made, and an unreachable store fails within a minute (8 attempts: 7 waits + 8 connect timeouts < 50 s).
+# still made, and an unreachable store fails within a minute: botocore's max_attempts counts the retries, so 9
+# attempts, 8 waits of at most 5.5 s together and 9 connect timeouts of 5 s: under 51 s.
 CONNECT_RETRY_DELAY = 1.0
 
 log = logging.getLogger(__name__)
@@ -65,13 +66,14 @@ def _s3():
 
 def connect_retry(max_attempts: int):
     """A botocore `needs-retry` handler (called before botocore's own): for an attempt that could not connect,
-    the next one after at most CONNECT_RETRY_DELAY seconds while attempts remain; anything else is left to
-    botocore's retry mode (None)."""
+    the next one after at most CONNECT_RETRY_DELAY seconds while retries remain (`max_attempts` of them, as
+    botocore counts: attempts 1 to max_attempts are each followed by one); anything else, and the last
+    attempt, is left to botocore's retry mode (None), which then gives up."""
     from botocore.exceptions import ConnectionError as CannotConnect
     from botocore.exceptions import ConnectTimeoutError
 
     def delay(attempts: int, caught_exception=None, **_):
-        if isinstance(caught_exception, (CannotConnect, ConnectTimeoutError)) and attempts < max_attempts:
+        if isinstance(caught_exception, (CannotConnect, ConnectTimeoutError)) and attempts <= max_attempts:
             return min(CONNECT_RETRY_DELAY, 0.1 * 2 ** (attempts - 1))
         return None
     return delay
