@@ -1,5 +1,5 @@
 # Quickstart: `make demo` (install, build the demo dataset, dry-run, merge, verify) and `make test` (the fast
-# tier, ~3 minutes: no Ray, no servers of its own, no PostgreSQL, no browser); `make test-all` is everything (CI).
+# tier, ~8 minutes on 2 cores: no Ray, no servers of its own, no PostgreSQL, no browser); `make test-all` is everything (CI).
 # The venv gets the test and benchmark extras (pytest, moto, hypothesis; duckdb and pandas as benchmark peers),
 # at the versions of constraints.txt.
 PYTHON ?= python3
