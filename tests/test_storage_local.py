@@ -11,6 +11,8 @@ import contextlib
 import os
 import signal
 import socket
+import stat
+import threading
 
 import pyarrow as pa
 import pytest
@@ -128,3 +130,31 @@ def test_a_running_process_of_another_user_is_not_a_dead_writer(monkeypatch):
     if dead is None:
         pytest.skip("init (pid 1) runs as this user here: no process of another user to ask about")
     assert dead is False
+
+
+def test_a_local_report_replaces_a_regular_file_whole_and_writes_through_anything_else(tmp_path, monkeypatch):
+    """write_text to a regular file (or a new one) writes a temp file renamed over it: the old report's inode is
+    gone, never truncated in place, and no temp file stays, also when relative; a symlink keeps pointing at
+    its target, which gets the text; a FIFO (as /dev/stdout may be) is written into, not replaced."""
+    report = tmp_path / "report.json"
+    report.write_text("old")
+    before = report.stat().st_ino
+    storage.write_text(str(report), "new report\n")
+    assert report.read_text() == "new report\n" and report.stat().st_ino != before
+    monkeypatch.chdir(tmp_path)
+    storage.write_text("relative.json", "relative\n")
+    assert (tmp_path / "relative.json").read_text() == "relative\n"
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(storage.TEMP_MARK)]
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("old")
+    link.symlink_to(target)
+    storage.write_text(str(link), "through the link\n")
+    assert link.is_symlink() and target.read_text() == "through the link\n"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()))
+    reader.start()
+    storage.write_text(str(fifo), "into the pipe\n")
+    reader.join(30)
+    assert got == ["into the pipe\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)

@@ -39,7 +39,7 @@ def cli(args: list[str]) -> dict:
 
     from flows import collector
 
-    collector.pause()  # what the console script does first (flows/cli.py console)
+    collector.pause()  # what the console script does first (flows/console.py console)
     from flows.cli import main, quiet_environment
 
     quiet_environment(False)  # what main() sets before pyarrow loads (Arrow's memory pool), before tasks.kernel does

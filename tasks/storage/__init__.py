@@ -8,6 +8,7 @@ checksum or time its listing gives). Outputs go only to backends that write atom
 """
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -330,12 +331,18 @@ def write_windows(windows: Iterable[pa.Table], uri: str, row_group_size: int | N
 
 
 def write_text(uri: str, text: str) -> None:
-    """Write a small text file (a report) in one piece: a local path as given (relative allowed), an s3://
-    object with one PUT, or an object on another backend that writes atomically."""
+    """Write a small text file (a report) in one piece: a local path as given (relative allowed), through a
+    temp file renamed over it (a reader never sees half a report) unless it is something else than a regular
+    file (`/dev/stdout`, a pipe, a symlink: written through, in place); an s3:// object with one PUT, or an
+    object on another backend that writes atomically."""
     scheme, sep, _ = uri.partition("://")
     if not sep or scheme in ("file", "local"):
-        with open(urlparse(uri).path if sep else uri, "w") as f:
-            f.write(text)
+        path = urlparse(uri).path if sep else uri
+        if os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)):
+            with open(path, "w") as f:
+                f.write(text)
+        else:
+            LOCAL.put(os.path.abspath(path), text.encode())
     elif is_s3(uri):
         fs, key = filesystem(uri)
         fs.pipe_file(key, text.encode())
