@@ -373,8 +373,16 @@ MUTANTS = [
             "tests/test_interrupted_write.py::test_a_shard_merge_interrupted_while_writing_leaves_no_temp_file")),
     Mutant("M4", "Memory bounded by a window budget", "fetch-ahead evicts one object where several must go (150 "
            "bytes held under a 100-byte budget)", "tasks/storage/ahead.py",
-           "        while _waiting and _held() + size > BUDGET:", "        if _waiting and _held() + size > BUDGET:",
+           "        while _waiting and _held() + held > BUDGET:", "        if _waiting and _held() + held > BUDGET:",
            ("tests/test_fetch_ahead.py::test_the_bytes_held_never_exceed_the_budget_after_any_fetch",)),
+    Mutant("M5", "Memory bounded by a window budget", "a shard's fetches ahead ignore its window budget (each input "
+           "fetched whole)", "tasks/kernel.py", "        room -= storage.fetch_ahead(uri, wanted, room)",
+           "        storage.fetch_ahead(uri, wanted)",
+           ("tests/test_fetch_ahead.py::test_a_shards_inputs_share_its_window_budget_siblings_first",)),
+    Mutant("M6", "Memory bounded by a window budget", "a limited fetch fetches every wanted chunk whatever its limit",
+           "tasks/storage/ahead.py", "    parts, room = [], (size if limit is None else limit) - len(tail)",
+           "    parts, room = [], size",
+           ("tests/test_fetch_ahead.py::test_a_limited_fetch_holds_its_tail_and_the_first_wanted_bytes_that_fit",)),
     Mutant("E4", "A merge run ends checked", "one output per base shard checked only for the shards the run merged "
            "(a kept output deleted passes)", "tasks/runcheck.py",
            "    missing = [rel for rel in base if rel not in fresh.shards]",
@@ -426,7 +434,13 @@ MUTANTS = [
     Mutant("F4", "Clean failure when storage is down", "an unreachable endpoint waited for with botocore's own "
            "backoff (~55 s a listing)", "tasks/storage/s3.py",
            '    session.register("needs-retry.s3", connect_retry(attempts))', "    pass",
-           ("tests/test_listing_errors.py::test_a_listing_of_a_store_that_does_not_answer_fails_within_half_a_minute",)),
+           ("tests/test_listing_errors.py::test_a_listing_of_a_store_that_does_not_answer_fails_after_every_attempt_"
+            "with_short_waits",)),
+    Mutant("F5", "Clean failure when storage is down", "the last connection retry left to botocore's backoff (up to "
+           "20 s more a request)", "tasks/storage/s3.py",
+           "and attempts <= max_attempts:", "and attempts < max_attempts:",
+           ("tests/test_listing_errors.py::test_a_listing_of_a_store_that_does_not_answer_fails_after_every_attempt_"
+            "with_short_waits",)),
 ]
 
 

@@ -256,14 +256,15 @@ def test_a_sibling_unreadable_past_its_first_windows_names_the_shard_and_the_ste
 
 def test_a_shards_inputs_are_fetched_ahead_with_the_columns_each_step_reads(tmp_path, monkeypatch):
     """The base without the image column, a sibling with `columns` its key and those, one without them all but the
-    image column: what fetch_inputs_ahead asks storage.fetch_ahead for, object by object."""
+    image column: what fetch_inputs_ahead asks storage.fetch_ahead for, object by object, each within what the
+    window budget has left (all of it, where nothing was fetched)."""
     root = storage.normalize_prefix(str(tmp_path))
     job = job_for(root, "out")
     asked = []
-    monkeypatch.setattr(storage, "fetch_ahead", lambda uri, wanted: asked.append((uri, wanted)))
+    monkeypatch.setattr(storage, "fetch_ahead", lambda uri, wanted, limit: asked.append((uri, wanted, limit)) or 0)
     kernel.fetch_inputs_ahead(job, REL)
     columns = ["key", "path", "image", "dqm", "aes"]
-    assert [(uri, [c for c in columns if wanted(c) is True]) for uri, wanted in asked] == [
-        (f"{root}base/{REL}", ["key", "path", "dqm", "aes"]),
-        (f"{root}dqm/{REL}", ["key", "dqm"]),
-        (f"{root}aes/{REL}", ["key", "path", "dqm", "aes"])]
+    assert [(uri, [c for c in columns if wanted(c) is True], limit) for uri, wanted, limit in asked] == [
+        (f"{root}aes/{REL}", ["key", "path", "dqm", "aes"], job.window_bytes),  # the siblings first, the last first
+        (f"{root}dqm/{REL}", ["key", "dqm"], job.window_bytes),
+        (f"{root}base/{REL}", ["key", "path", "dqm", "aes"], job.window_bytes)]
