@@ -370,6 +370,37 @@ def drain_prefect_workers(timeout: float) -> None:
         worker.drain_all(timeout=timeout)
 
 
+def route_api_logs(sink) -> None:
+    """Hand every log Prefect's API handler makes in this process to `sink(log)` instead of queueing it for the
+    APILogWorker (`prefect.logging.handlers.set_api_log_sink`, the hook Prefect's own ProcessPoolTaskRunner sets
+    in its worker processes; not documented). `log` is a dict of LogCreate's fields plus LOG_SIZE_KEY."""
+    from prefect.logging import handlers
+
+    _require(callable(getattr(handlers, "set_api_log_sink", None)), "prefect.logging.handlers.set_api_log_sink",
+             "prefect")
+    handlers.set_api_log_sink(sink)
+
+
+LOG_SIZE_KEY = "__payload_size__"  # APILogHandler.prepare's own key: the log's JSON size, not a LogCreate field
+
+
+def api_log_batches(logs: list[dict]) -> list[list[dict]]:
+    """`logs` from the sink as bodies for `client.create_logs`: without LOG_SIZE_KEY (the API refuses unknown
+    fields), each body within PREFECT_LOGGING_TO_API_BATCH_SIZE bytes as APILogWorker keeps its batches."""
+    from prefect.settings import PREFECT_LOGGING_TO_API_BATCH_SIZE
+
+    _require(all(LOG_SIZE_KEY in log for log in logs), f"prefect's APILogHandler.prepare() {LOG_SIZE_KEY!r}",
+             "prefect")
+    limit, batches, size = PREFECT_LOGGING_TO_API_BATCH_SIZE.value(), [], 0
+    for log in logs:
+        if not batches or size + log[LOG_SIZE_KEY] + 1 > limit:
+            batches.append([])
+            size = 1
+        batches[-1].append({k: v for k, v in log.items() if k != LOG_SIZE_KEY})
+        size += log[LOG_SIZE_KEY] + 1
+    return batches
+
+
 def wait_for_events_sent() -> None:
     """Block until this process's EventsWorker (a QueueService in prefect._internal) has sent every event queued
     so far (`wait_until_empty`): a Ray worker calls it after each task, so the task's state events are on their

@@ -22,6 +22,8 @@ the worker (which blocks it and makes Ray spawn extra workers).
 
 Task semantics (retries, NotReady on failed upstreams, names, API reporting)
 are untouched: the worker still runs Prefect's task engine (``compat.run_task_in_worker``).
+Its API logs are held in the worker and sent when the task ends, before its
+result is returned (``_send_held_logs``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import json
 import logging
 import os
 import pickle
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any, Iterable
@@ -100,15 +103,40 @@ class _Upstream:
 # Worker side: per-process caches and the Ray entry point
 # --------------------------------------------------------------------------
 
-WORKER_LOG_INTERVAL = "0.1"  # seconds between a worker's log batches (see make_task_runner)
 _worker_lock = threading.Lock()
 _worker_settings: OrderedDict[str, SettingsContext] = OrderedDict()
 _worker_clients: dict[str, Any] = {}
+_held_logs: list[dict[str, Any]] = []  # this worker's API logs not sent yet (see _send_held_logs)
+_logs_lock = threading.Lock()
+
+
+def _hold_log(log: dict[str, Any]) -> None:
+    with _logs_lock:
+        _held_logs.append(log)
+
+
+def _send_held_logs(client: Any) -> None:
+    """Send this worker's logs, held since the last task ended, with the task's client: the API has them before
+    the task's result leaves the process. Prefect's APILogWorker would send them from a background thread every
+    PREFECT_LOGGING_TO_API_BATCH_INTERVAL, and Ray ends a job's workers at once when its driver disconnects
+    ("Worker force exited because its job has finished", no exit hooks run): a batch not sent by then was lost.
+    A failure to send is reported as Prefect's log worker reports it, and does not fail the task."""
+    with _logs_lock:
+        logs = _held_logs[:]
+        _held_logs.clear()
+    for batch in compat.api_log_batches(logs):
+        try:
+            client.create_logs(batch)
+        except Exception as exc:
+            sys.stderr.write(f"--- Error logging to API ---\n{one_line(exc)}\n")
 
 
 def _worker_state(key: str, blob: bytes) -> tuple[SettingsContext, Any]:
-    """The hydrated SettingsContext and open SyncPrefectClient for ``key``."""
+    """The hydrated SettingsContext and open SyncPrefectClient for ``key``; the first call routes this process's
+    API logs to ``_hold_log``."""
     with _worker_lock:
+        if not _worker_settings:
+            compat.route_api_logs(_hold_log)
         settings = _worker_settings.get(key)
         if settings is None:
             settings = SettingsContext(**pickle.loads(blob))
@@ -154,14 +182,17 @@ def _run_prefect_task_fast(
     # The engine's client lookup picks up the shared client (compat.sharing_client),
     # so no new HTTP client is built per task.
     with settings.model_copy(), compat.sharing_client(client):
-        state = compat.run_task_in_worker(
-            task,
-            task_run_id=task_run_id,
-            parameters=parameters,
-            wait_for=wait_for,
-            dependencies=dependencies,
-            context=context,
-        )
+        try:
+            state = compat.run_task_in_worker(
+                task,
+                task_run_id=task_run_id,
+                parameters=parameters,
+                wait_for=wait_for,
+                dependencies=dependencies,
+                context=context,
+            )
+        finally:
+            _send_held_logs(client)
         compat.wait_for_events_sent()  # the task run's states reach the API before its result reaches the driver
         return state
 
@@ -376,10 +407,6 @@ def make_task_runner(
     env_vars = dict(runtime_env.get("env_vars") or {})
     if api_url:
         env_vars.setdefault("PREFECT_API_URL", api_url)
-    # Workers send their task runs' logs in batches every PREFECT_LOGGING_TO_API_BATCH_INTERVAL (Prefect: 2 s);
-    # a run whose server stops with its summary would lose the last 2 s of them. Prefect has no cheap flush
-    # (APILogWorker.drain_all stops and restarts the service: ~45 ms a task, measured), so batch more often.
-    env_vars.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", WORKER_LOG_INTERVAL)
     env_vars.setdefault("ARROW_DEFAULT_MEMORY_POOL", os.environ.get("ARROW_DEFAULT_MEMORY_POOL") or "jemalloc")
     runtime_env["env_vars"] = without_job_env(env_vars)
     kwargs["runtime_env"] = runtime_env

@@ -321,6 +321,9 @@ MUTANTS = [
            "b.env_names))", "    return tuple(dict.fromkeys(name for b in (S3, LOCAL) for name in b.env_names)) "
            "+ ('AWS_SECRET_ACCESS_KEY',)",
            ("tests/test_storage_backends.py::test_worker_env_names_are_settings_never_credentials",)),
+    Mutant("P1", "Every task run's logs reach the API on a cluster", "a Ray task's logs left to Prefect's log worker",
+           "flows/runners.py", "            compat.route_api_logs(_hold_log)", "            pass",
+           ("tests/test_cluster_logs.py::test_every_task_runs_logs_reach_the_api_with_prefects_batch_interval",)),
     # ------------------------------------------------------------ weak tests made strong (issue 18)
     Mutant("T1", "(test) fused: one task run per shard", "a duplicate task run per shard", "flows/merge.py",
            '            return [self.runner.submit(self.whole, {"job": self.job, "relpath": relpath, "listed": listed})]',

@@ -250,6 +250,42 @@ def test_wait_for_events_sent(monkeypatch, prefect_api):
         compat.wait_for_events_sent()
 
 
+def test_route_api_logs_and_their_batches(monkeypatch):
+    """A log Prefect's API handler makes reaches the sink (with its size), not the APILogWorker; the batches for
+    the client drop the size and stay within PREFECT_LOGGING_TO_API_BATCH_SIZE. Gone, each entry says so."""
+    from uuid import uuid4
+
+    from prefect.logging import handlers
+    from prefect.settings import (PREFECT_LOGGING_TO_API_BATCH_SIZE, PREFECT_LOGGING_TO_API_MAX_LOG_SIZE,
+                                  temporary_settings)
+
+    held = []
+    monkeypatch.setattr(handlers.APILogWorker, "instance", None)  # a log that reached it would fail the test
+    compat.route_api_logs(held.append)
+    try:
+        for n in range(3):
+            record = logging.LogRecord("sidecar-ops", logging.INFO, __file__, 1, "line %d", (n,), None)
+            record.flow_run_id = uuid4()
+            handlers.APILogHandler().emit(record)
+    finally:
+        compat.route_api_logs(None)
+    assert [log["message"] for log in held] == ["line 0", "line 1", "line 2"]
+    size = held[0][compat.LOG_SIZE_KEY]
+    need(size == len(__import__("json").dumps({k: v for k, v in held[0].items() if k != compat.LOG_SIZE_KEY},
+                                              separators=(",", ":"))),
+         f"APILogHandler.prepare()'s {compat.LOG_SIZE_KEY!r}: the log's JSON size", "prefect")
+    assert compat.api_log_batches(list(held)) == [[{k: v for k, v in log.items() if k != compat.LOG_SIZE_KEY}
+                                                    for log in held]]
+    two = 1 + held[0][compat.LOG_SIZE_KEY] + 1 + held[1][compat.LOG_SIZE_KEY] + 1  # "[", two logs, their "," / "]"
+    with temporary_settings({PREFECT_LOGGING_TO_API_BATCH_SIZE: two, PREFECT_LOGGING_TO_API_MAX_LOG_SIZE: two}):
+        assert [len(batch) for batch in compat.api_log_batches(list(held))] == [2, 1]
+    with raises_naming("prefect"):
+        compat.api_log_batches([{"message": "no size"}])
+    monkeypatch.setattr(handlers, "set_api_log_sink", None)
+    with raises_naming("prefect"):
+        compat.route_api_logs(held.append)
+
+
 def test_logging_set_up_once(monkeypatch):
     """`import prefect` set Prefect's logging up; the entry does not set it up again, and says so when gone."""
     from prefect.logging import configuration

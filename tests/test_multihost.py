@@ -238,15 +238,15 @@ def test_two_host_run_without_prefect_api_url_equals_the_thread_runner(cluster, 
 
     with sqlite3.connect(db) as con:
         messages = [m for (m,) in con.execute("select message from log")]
-        task_logs = con.execute("select count(*) from log where task_run_id is not null").fetchone()[0]
+        finished = con.execute("select count(distinct task_run_id) from log where task_run_id is not null"
+                               " and message = 'Finished in state Completed()'").fetchone()[0]
         artifacts = {k: t for k, t in con.execute("select key, type from artifact")}
         (final_progress,) = con.execute("select data from artifact where key = 'merge-progress'").fetchone()
     assert any(re.match(r"\d+ shards: 0 complete, \d+ to merge", m) for m in messages), messages[:20]
     assert sum(bool(re.match(r"shard \S+ merged: \d+ rows", m)) for m in messages) == SHARDS
-    # Logs of task runs on the worker hosts reached the API over the cluster network. Not every one: Prefect sends
-    # a worker's logs in batches every 2 s and Ray ends the job's workers when the driver leaves, so the last
-    # batch of each worker can be lost (a known gap, noted for a fix; events are waited for, logs are not).
-    assert task_logs >= 1
+    # Every task run's logs reached the API, those of the shard tasks on the worker hosts over the cluster network
+    # (a Ray task posts them before its result returns: tests/test_cluster_logs.py holds it run after run).
+    assert finished == SHARDS + len(data.prefixes) + 2  # the shards, the listings (base, sidecars, output), the check
     assert artifacts.get("merge-summary-table") == "table" and artifacts.get("merge-progress") == "progress"
     final = json.loads(final_progress) if isinstance(final_progress, (str, bytes)) else final_progress
     assert float(final) == 100.0

@@ -121,7 +121,6 @@ def test_make_task_runner_choices():
     assert r.remote_options == {"num_cpus": 1.5, "memory": 2**29}
     assert r.init_kwargs["log_to_driver"] is False
     assert r.init_kwargs["runtime_env"]["env_vars"] == {"A": "1", "PREFECT_API_URL": "http://10.0.0.1:4200/api",
-                                                        "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "0.1",
                                                         "ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
     assert r.duplicate() == r
     assert make_task_runner(debug=True).init_kwargs.get("log_to_driver", True) is True
