@@ -19,7 +19,7 @@ from flows.scheduler import Window, make_runner, run_window
 from tasks.kernel import Job
 from tasks.prefect_tasks import worth_retrying
 from tasks.report import artifact_rows, stats_markdown
-from tasks.verification import BASE, ShardResult, ShardTask, check_shard, verify
+from tasks.verification import BASE, Halted, ShardResult, ShardTask, check_shard, verify
 
 
 class VerifyFailed(RuntimeError):
@@ -80,9 +80,11 @@ def check(config: RunConfig) -> dict:
     try:
         with handling(stop, grace=0.0), make_runner(config.runner, PREFECT_API_URL.value()) as runner:
             report = verify(job, samples=config.samples, seed=config.seed, all_shards=config.all_shards,
-                            run=scheduled_checks(runner, config.max_inflight, stop)).to_dict()
-    except Interrupted as exc:  # the flow run ends Cancelled; the command line exits 130
-        return Cancelled(message=f"interrupted by {exc.reason}: verification incomplete", data=exc.reason)
+                            run=scheduled_checks(runner, config.max_inflight, stop),
+                            halted=lambda: stop.by_signal).to_dict()
+    except (Interrupted, Halted) as exc:  # the flow run ends Cancelled; the command line exits 130
+        reason = exc.reason if isinstance(exc, Interrupted) else stop.reason
+        return Cancelled(message=f"interrupted by {reason}: verification incomplete", data=reason)
     verdict = "PASS" if report["ok"] else "FAIL"
     create_table_artifact(key="verify-checks", table=artifact_rows(report),
                           description=f"verify {verdict}: {config.output_prefix} ({config.pipeline.path})")

@@ -436,6 +436,11 @@ MUTANTS = [
            "        out_meta = storage.read_footer(job.output_uri(relpath), sizes[1])\n"
            "        out_schema = out_meta.schema.to_arrow_schema()",
            ("tests/test_verify_driver.py::test_footer_reads_leave_no_garbage_only_a_full_collection_frees",)),
+    Mutant("V8", "One way to be interrupted", "verify's footer reads ignore the run's stop (a signal after the shard "
+           "checks waits for every footer, then passes)", "tasks/verification/driver.py",
+           "                if not self._stopped and self.halted():", "                if False:",
+           ("tests/test_verify_driver.py::test_verify_halted_stops_the_footer_reads_and_raises",
+            "tests/test_interrupt.py::test_a_signal_while_footers_are_read_ends_verify_incomplete_without_reading_the_rest")),
     Mutant("V5", "A stale output is never reported or verified as current", "stale outputs a stopped run never "
            "reached left out of the summary's count (reported as if every one was recomputed)", "tasks/summary.py",
            "        untouched = self.stale - self.stale_recomputed - failed", "        untouched = 0",

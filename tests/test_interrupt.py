@@ -147,3 +147,43 @@ def test_a_signal_during_verify_ends_it_incomplete_not_passed(tmp_path, run, cli
     assert code == 130, err
     assert err.strip().splitlines()[-1] == "interrupted by SIGTERM: verification incomplete; rerun the same command"
     assert "PASS" not in out
+
+
+def test_a_signal_while_footers_are_read_ends_verify_incomplete_without_reading_the_rest(tmp_path, cli, prefect_api,
+                                                                                          monkeypatch):
+    """The footer phase (the longest at 10^5 shards) stops at a signal too: the first footer outside the sample sends
+    SIGTERM and holds every other read until the run's stop is requested; then no further shard's footers are
+    read, and verify ends incomplete (exit 130), not PASS after reading them all."""
+    import threading
+
+    from flows import interrupt
+    from tasks.plan import FOOTER_THREADS
+    from tasks.verification import driver
+    from test_verify_driver import merged
+
+    shards = FOOTER_THREADS + 16
+    job = merged(tmp_path, shards)
+    requested, read, lock = threading.Event(), [], threading.Lock()
+    real_read, real_request = driver.read_footers, interrupt.Stop.request
+
+    def request(self, reason, grace=None):
+        real_request(self, reason, grace)
+        requested.set()
+
+    def read_footers(job, rel, specs, want_ranges, *args):
+        if not want_ranges:  # outside the sample
+            with lock:
+                read.append(rel)
+                first = len(read) == 1
+            if first:
+                os.kill(os.getpid(), signal.SIGTERM)
+            requested.wait()
+        return real_read(job, rel, specs, want_ranges, *args)
+
+    monkeypatch.setattr(interrupt.Stop, "request", request)
+    monkeypatch.setattr(driver, "read_footers", read_footers)
+    code, out, err = cli("verify", str(job.pipeline.path), "--output-prefix", job.output_prefix, "--samples", "1")
+    assert code == 130, err
+    assert err.strip().splitlines()[-1] == "interrupted by SIGTERM: verification incomplete; rerun the same command"
+    assert "PASS" not in out
+    assert len(read) <= FOOTER_THREADS < shards - 1  # the reads already started, never the rest

@@ -170,3 +170,21 @@ def test_footer_reads_leave_no_garbage_only_a_full_collection_frees(tmp_path):
         gc.garbage.clear()
         gc.enable()
     assert not cyclic & {"FileMetaData", "ParquetSchema"}, cyclic
+
+
+def test_verify_halted_stops_the_footer_reads_and_raises(tmp_path, monkeypatch):
+    """`halted()` is asked before each shard's footers: once it is true no further read starts (at most one in
+    flight a thread), and verify raises Halted rather than report on some shards."""
+    shards = FOOTER_THREADS * 3
+    job = merged(tmp_path, shards)
+    read, lock, real = [], threading.Lock(), driver.read_footers
+
+    def counted(*args):
+        with lock:
+            read.append(args[1])
+        return real(*args)
+
+    monkeypatch.setattr(driver, "read_footers", counted)
+    with pytest.raises(driver.Halted):
+        verify(job, samples=2, halted=lambda: len(read) >= 5)
+    assert len(read) <= 5 + FOOTER_THREADS < shards

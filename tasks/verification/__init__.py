@@ -24,10 +24,10 @@ from tasks.verification.checks import (
                                  siblings_check,
 )
 from tasks.verification.compare import compare
-from tasks.verification.driver import Report, choose_sample, verify
+from tasks.verification.driver import Halted, Report, choose_sample, verify
 from tasks.verification.registry import REGISTRY, Check, Failure
 from tasks.verification.values import Runner, ShardResult, ShardTask, check_locally, check_shard
 
-__all__ = ["BASE", "INPUTS", "KEYS", "MERGED", "NO_NAN", "PROVENANCE", "REGISTRY", "ROWS", "SCHEMA", "SHARD_SET", "STRAYS",
+__all__ = ["BASE", "Halted", "INPUTS", "KEYS", "MERGED", "NO_NAN", "PROVENANCE", "REGISTRY", "ROWS", "SCHEMA", "SHARD_SET", "STRAYS",
            "Check", "Failure", "Report", "Runner", "ShardResult", "ShardTask", "check_locally", "check_shard",
            "choose_sample", "compare", "siblings_check", "verify"]

@@ -12,6 +12,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from tasks.errors import ConfigError
 from tasks.kernel import Job
@@ -54,6 +55,10 @@ class Report:
                 "statistics": self.statistics}
 
 
+class Halted(Exception):
+    """Verify stopped by its caller (`halted()` became true) before every footer was read: no report."""
+
+
 @dataclass
 class Found:
     """What the report keeps of the footers of every present shard, folded in as each shard's are read."""
@@ -93,13 +98,16 @@ def choose_sample(shards: list[str], n: int, seed: int) -> list[str]:
 
 class FooterReads:
     """Both footers of each of `shards`, read by FOOTER_THREADS threads (sizes from the listings: no HEAD request
-    on S3), each shard's folded into `found` at once: no future or fact per shard outlives its fold. `stop()`
-    ends it before the next shard; `join()` waits and re-raises a thread's error (footer checks turn a store's
-    errors into problems, so an error here is a bug)."""
+    on S3), each shard's folded into `found` at once: no future or fact per shard outlives its fold. `stop()`, or
+    `halted()` becoming true, ends it before the next shard; `join()` waits, re-raises a thread's error (footer
+    checks turn a store's errors into problems, so an error here is a bug), and raises Halted if `halted()` left
+    a shard unread."""
 
-    def __init__(self, plan: Plan, shards: list[str], specs, found: Found, progress: Progress):
-        self.plan, self.specs, self.found, self.progress = plan, specs, found, progress
+    def __init__(self, plan: Plan, shards: list[str], specs, found: Found, progress: Progress,
+                 halted: Callable[[], bool] = lambda: False):
+        self.plan, self.specs, self.found, self.progress, self.halted = plan, specs, found, progress, halted
         self._next, self._lock, self._stopped, self._error = iter(shards), threading.Lock(), False, None
+        self.cut = False  # halted() stopped it with shards left
         self._threads = [threading.Thread(target=self._read, name=f"verify-footers-{i}", daemon=True)
                          for i in range(min(FOOTER_THREADS, len(shards)))]
         for thread in self._threads:
@@ -109,6 +117,8 @@ class FooterReads:
         plan = self.plan
         while True:
             with self._lock:
+                if not self._stopped and self.halted():
+                    self._stopped = self.cut = True
                 rel = None if self._stopped else next(self._next, None)
             if rel is None:
                 return
@@ -136,12 +146,16 @@ class FooterReads:
             raise
         if self._error is not None:
             raise self._error
+        if self.cut and next(self._next, None) is not None:
+            raise Halted()
 
 
 def verify(job: Job, samples: int = 50, seed: int = 0, all_shards: bool = False, run: Runner | None = None,
-           stream=None) -> Report:
+           stream=None, halted: Callable[[], bool] = lambda: False) -> Report:
     """Footers of the statistics' scope first (their ranges bin the histograms), then the shard checks of the
-    sample and scope, bounded in flight, while the footers of every other shard are read beside them."""
+    sample and scope, bounded in flight, while the footers of every other shard are read beside them.
+    `halted()` (the caller's stop, e.g. a signal) is asked before each footer read: true, verify raises Halted
+    without reading the rest (the shard checks are the runner's to stop)."""
     if samples < 0:
         raise ConfigError(f"--samples must be 0 or more, got {samples}")
     use_returning_memory_pool()
@@ -155,8 +169,8 @@ def verify(job: Job, samples: int = 50, seed: int = 0, all_shards: bool = False,
     sample_set, scope_set = set(sample), set(scope)
     progress = Progress("verify footers", len(present), stream=stream)
     found = Found(scope_set)
-    FooterReads(plan, scope, specs, found, progress).join()
-    rest = FooterReads(plan, [rel for rel in present if rel not in scope_set], specs, found, progress)
+    FooterReads(plan, scope, specs, found, progress, halted).join()
+    rest = FooterReads(plan, [rel for rel in present if rel not in scope_set], specs, found, progress, halted)
     try:
         ranges: dict = {}
         for rel in scope:
