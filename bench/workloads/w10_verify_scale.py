@@ -10,8 +10,9 @@ A case of N tiny shards (10 rows, the bench schema and pipeline) per count, in i
   through the server (boto3 head_object and get_object) and must answer as an object put through boto3 does:
   ETag, size, CRC32 and bytes equal to those of the same bytes PUT into another bucket;
 - the merged outputs: the run's own plan and shard kernel in a pool of 2 worker processes on moto's own port
-  (no proxy): the plan from listings of the base, the sources and the output (tasks.plan.make_plan, with the
-  run's refusals), a Job built from the pipeline as the run builds it (flows.runconfig.RunConfig.load, then the
+  (no proxy), 4 shards in flight in each (a shard waits on moto most of its time; ~22-24 ms a shard here against
+  ~50 ms for a `sidecar-ops run`, whose Prefect task runs cost the rest): the plan from listings of the base,
+  the sources and the output (tasks.plan.make_plan, with the run's refusals), a Job built from the pipeline as the run builds it (flows.runconfig.RunConfig.load, then the
   fields flows/merge.py merge_until sets for the default fused thread-runner run: one run id and start for every
   shard, fetch-ahead on), and each shard through what its fused task runs on a first attempt
   (tasks/prefect_tasks.py shard_task: storage.listed with the plan's identities, kernel.opened_shard,
@@ -22,14 +23,17 @@ A case of N tiny shards (10 rows, the bench schema and pipeline) per count, in i
   every output compared with the kernel's: the same schema, data, row groups, column chunks, size and footer
   metadata, the provenance equal but for the fields each run records of its own (run_id, run_started,
   written_at). That catches the pool drifting from the run (the Job's fields, the kernel's entry points); the
-  run's outputs are not the ones verified. It is cheap there (~40 s at 1,000) and ~40 ms a shard beyond.
+  run's outputs are not the ones verified. It is cheap there (~50 s at 1,000); at 10^5 it would take over an hour.
+moto's listing is made O(page) while W10 runs (paged_listing): moto walks and sorts every key of the bucket for
+each page, which at 10^5 shards (400,000 keys) would add ~80 s a prefix to every listing, verify's included; the
+pages are the same, and ScaleCase.check_listing compares them with moto's own on every count's bucket.
 Measured, through the proxy, each a fresh process (bench/workloads/probe.py), once per count:
 (a) `sidecar-ops verify --samples 50` (the default sample: every shard's footers, 50 shards' data)
 (b) `sidecar-ops verify --samples 50 --all` (also every shard's score statistics, so every shard's data)
 Per run: wall (start -> exit, so with a process's start-up), ms a shard, requests a shard by kind, the driver's
 peak RSS, and CPU a shard: the verify process's (with any children it waited for) and this process's, which
-serves moto and the proxy (what real S3 would do elsewhere: beside verify on these 2 cores, it slows it). Each report (--json) is checked: every check passed, N shards, and the statistics hold every row of
-their scope. Where the largest count is below 10^5, rows give 10^5 by a linear fit over the counts measured,
+serves moto and the proxy (what real S3 would do elsewhere: beside verify on these 2 cores, it slows it). Each report (--json) is
+checked: every check passed, N shards, and the statistics hold every row of their scope. Where the largest count is below 10^5, rows give 10^5 by a linear fit over the counts measured,
 labelled "extrapolated" (`python bench/run.py --size full --only W10 --w10-counts 1000,10000,100000` measures it).
 A JSON line per count goes to w10-progress.jsonl in the data folder as each count finishes.
 """
