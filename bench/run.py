@@ -39,13 +39,13 @@ SIZES = {
                   w6_max={"ray": 20, "plain_ray": 20},  # each Ray mode once: a local Ray takes 10-30 s to start here
                   w7_shards=3, w7_rows=2_000, w8_shards=2, w8_rows=1_000,
                   w9_rows=[5_000, 10_000], w9_goal_rows=10_000, w9_growth=(5_000, 10_000),
-                  w10_counts=[60, 120], w11_shards=6, w11_rounds=1),
+                  w10_counts=[60, 120], w11_shards=6, w11_rounds=1, w12_counts=[100, 400]),
     "small": dict(repeats=3, w0_rows=1_000, w1_shards=4, w1_rows=50_000, w2_shards=100, w2_repeats=3,
                   w3_shards=100, w4_dry_shards=[10_000], w4_mem_rows=25_000, w4_driver_shards=[100, 1_000],
                   w5_shards=2, w5_rows=25_000, ray_overhead_tasks=50, w6_counts=[100, 1_000, 3_000],
                   w7_shards=12, w7_rows=20_000, w8_shards=12, w8_rows=20_000,
                   w9_rows=[100_000, 200_000, 400_000], w9_goal_rows=200_000, w9_growth=(100_000, 400_000),
-                  w10_counts=[1_000, 3_000], w11_shards=150),
+                  w10_counts=[1_000, 3_000], w11_shards=150, w12_counts=[1_000, 5_000]),
     "full": dict(repeats=3, w0_rows=1_000, w1_shards=16, w1_rows=250_000, w2_shards=1_000, w2_repeats=3,
                  w3_shards=1_000, w4_dry_shards=[10_000, 100_000], w4_mem_rows=250_000,
                  w4_driver_shards=[1_000, 10_000], w5_shards=4, w5_rows=50_000, ray_overhead_tasks=50,
@@ -56,9 +56,9 @@ SIZES = {
                  w9_goal_rows=1_500_000, w9_growth=(1_000_000, 4_000_000),
                  # 10^5 shards: extrapolated from these by a linear fit; measured with --w10-counts 1000,10000,100000
                  # (set-up a few minutes at 10^5, the two verify runs most of an hour on 2 cores)
-                 w10_counts=[1_000, 10_000], w11_shards=150),
+                 w10_counts=[1_000, 10_000], w11_shards=150, w12_counts=[2_000, 20_000]),
 }
-WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11")
+WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W12")
 NEEDS_SERVER = {"W1", "W2", "W3", "W4", "W5"}  # W6 starts its own (measured) server; W7 runs as a user does
 
 
@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, errors, seconds = [], {}, {}
     modules = {"W0": "w0_fixed", "W1": "w1_kernel", "W2": "w2_orch", "W3": "w3_resume", "W4": "w4_scale",
                "W5": "w5_s3", "W6": "w6_shards", "W7": "w7_end_to_end", "W8": "w8_latency",
-               "W9": "w9_memory", "W10": "w10_verify_scale", "W11": "w11_ray_fixed"}
+               "W9": "w9_memory", "W10": "w10_verify_scale", "W11": "w11_ray_fixed",
+               "W12": "w12_verify_memory"}
     with prefect_session() if NEEDS_SERVER & set(chosen) else _nothing():
         for w in chosen:
             print(f"[bench] {w} ({args.size}) ...", file=sys.stderr, flush=True)

@@ -425,6 +425,17 @@ MUTANTS = [
            "(only fewer caught)", "tasks/verification/values.py",
            "        if pf.metadata.num_rows != self.rows:", "        if pf.metadata.num_rows < self.rows:",
            ("tests/test_verify_windows.py::test_a_sibling_with_other_row_counts_fails_alignment_in_every_window_size",)),
+    Mutant("V6", "Verify's driver keeps problems, not shards", "the fold keeps every shard's footer facts, not only "
+           "the statistics' scope's", "tasks/verification/driver.py", "        if fact.relpath in self.scope:",
+           "        if True:",
+           ("tests/test_verify_driver.py::test_the_fold_keeps_counts_problems_and_the_scope_only",
+            "tests/test_verify_driver.py::test_the_driver_holds_the_listings_not_the_footers")),
+    Mutant("V7", "Verify's driver keeps problems, not shards", "footers read through pyarrow's FileMetaData.schema "
+           "(a cycle only a full collection frees)", "tasks/verification/footers.py",
+           "        out_meta, out_schema = storage.read_footer_schema(job.output_uri(relpath), sizes[1])",
+           "        out_meta = storage.read_footer(job.output_uri(relpath), sizes[1])\n"
+           "        out_schema = out_meta.schema.to_arrow_schema()",
+           ("tests/test_verify_driver.py::test_footer_reads_leave_no_garbage_only_a_full_collection_frees",)),
     Mutant("V5", "A stale output is never reported or verified as current", "stale outputs a stopped run never "
            "reached left out of the summary's count (reported as if every one was recomputed)", "tasks/summary.py",
            "        untouched = self.stale - self.stale_recomputed - failed", "        untouched = 0",

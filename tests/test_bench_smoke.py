@@ -109,6 +109,8 @@ RATIO_ROWS |= {("W10", f"{mode} @ {W10_COUNTS[-1]:,}: {what}") for mode in W10_M
 SIGNED_RATIO_ROWS = {("W8", "(c) - (e): wall minus start-up")}
 EXPECTED["W11"] = ["thread runner, start -> exit", "--use-ray (local Ray started by the run), start -> exit",
                    "--use-ray minus the thread runner", "ray.init + ray.shutdown alone, a fresh process"]
+EXPECTED["W12"] = ["verify --samples 50 @ 100: driver peak RSS", "verify --samples 50 @ 400: driver peak RSS",
+                   "driver RSS a shard, 100 -> 400"]
 
 
 def request_kinds(row: dict) -> dict[str, float]:

@@ -204,6 +204,16 @@ def read_footer(uri: str, size: int | None = None) -> pq.FileMetaData:
         return pq.ParquetFile(f).metadata
 
 
+def read_footer_schema(uri: str, size: int | None = None) -> tuple[pq.FileMetaData, pa.Schema]:
+    """The parquet footer and its Arrow schema. Read over many shards, use this rather than
+    `read_footer(...).schema.to_arrow_schema()`: pyarrow's FileMetaData.schema is a ParquetSchema that refers back
+    to it, a cycle only the cyclic GC frees, so each footer's C++ metadata would stay in memory until a full
+    collection (verify's driver grew by the footers of every shard)."""
+    with open_parquet(uri, size) as f:
+        pf = pq.ParquetFile(f)
+        return pf.metadata, pf.schema_arrow
+
+
 ABSENT = "absent"  # listed as not there
 # uri -> identity from a listing, for the objects the code running in this context is about to read (`listed`).
 _LISTED: ContextVar[dict[str, str]] = ContextVar("sidecar_ops_listed", default={})

@@ -61,22 +61,32 @@ def siblings(ctx, check, index: int) -> None:
             check.fail(rel, f"sibling shard missing: {source.uri(rel)}")
     check.note = (f"{len(missing)} missing, skipped (required: false)" if missing and not source.required
                   else f"{len(base) - len(missing)} of {len(base)} present")
-    for rel in ctx.present:
-        records = ctx.facts[rel].records
-        if records is None:
+    for rel, detail in sorted(ctx.found.siblings.get(index, ()), key=lambda problem: problem[0]):
+        check.fail(rel, detail)  # folded as footers arrived: in the listings' order again
+
+
+def sibling_problems(plan, relpath: str, records) -> list[tuple[int, str]]:
+    """(operation index, detail) for each operation whose recorded step disagrees with its sibling's presence
+    now; folded per shard as its footers are read (tasks/verification/driver.py Found)."""
+    if records is None:
+        return []
+    problems = []
+    for index, record in enumerate(records):
+        if plan.input(index) is None:
             continue
-        have = plan.has_sibling(index, rel)
-        if records[index].status is Status.SKIPPED and have:
-            check.fail(rel, "sibling exists now but the output skipped it; delete the output shard and rerun to "
-                            "merge it")
-        elif records[index].applied and not have:
-            check.fail(rel, "sibling merged into the output has since vanished")
+        have = plan.has_sibling(index, relpath)
+        if record.status is Status.SKIPPED and have:
+            problems.append((index, "sibling exists now but the output skipped it; delete the output shard and "
+                                    "rerun to merge it"))
+        elif record.applied and not have:
+            problems.append((index, "sibling merged into the output has since vanished"))
+    return problems
 
 
 # ---------------------------------------------------------------- footers
 @register(ROWS, "footer", "shards", "the base's and the output's parquet footers are readable and the "
           "output has the base's row count",
-          note=lambda ctx: f"{sum(f.out_rows or 0 for f in ctx.facts.values()):,} rows")
+          note=lambda ctx: f"{ctx.found.rows:,} rows")
 def row_counts(job, footers) -> list[str]:
     if footers.out_rows != footers.base_rows:
         return [f"output has {footers.out_rows} rows, base has {footers.base_rows}"]

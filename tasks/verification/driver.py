@@ -1,22 +1,24 @@
 """The verify driver: listings once, footers of every present shard, data of sampled shards, then the report.
 
-The driver holds listings, small per-shard facts and statistics partials; a shard check holds a window of rows
-of each file it reads, never a table.
+The driver holds the listings, what the report keeps of the footers (`Found`: counts, problems, the facts of the
+statistics' scope) and statistics partials; each footer is folded into `Found` as it is read and then dropped, so
+beyond the listings the driver grows with the problems and the scope, not the shards. A shard check holds a window
+of rows of each file it reads, never a table.
 Which checks exist, in which order, comes from the registry (tasks/verification/registry.py, checks.py).
 """
 from __future__ import annotations
 
 import random
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tasks.errors import ConfigError
 from tasks.kernel import Job
 from tasks.plan import FOOTER_THREADS, Plan, make_plan
 from tasks.progress import Progress
 from tasks.scorestats import ColumnPartial, merge_ranges, stat_specs
-from tasks.verification.checks import ROWS
+from tasks.verification.checks import ROWS, sibling_problems
 from tasks.verification.footers import FooterFacts, read_footers
 from tasks.verification.registry import Check, report_order
 from tasks.verification.values import Runner, ShardResult, ShardTask, check_locally
@@ -52,6 +54,26 @@ class Report:
                 "statistics": self.statistics}
 
 
+@dataclass
+class Found:
+    """What the report keeps of the footers of every present shard, folded in as each shard's are read."""
+
+    scope: set[str]
+    facts: dict[str, FooterFacts] = field(default_factory=dict)  # the statistics' scope only
+    problems: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # check -> (relpath, detail)
+    siblings: dict[int, list[tuple[str, str]]] = field(default_factory=dict)  # operation -> (relpath, detail)
+    rows: int = 0  # output rows of every present shard
+
+    def add(self, plan: Plan, fact: FooterFacts) -> None:
+        self.rows += fact.out_rows or 0
+        for name, detail in fact.problems:
+            self.problems.setdefault(name, []).append((fact.relpath, detail))
+        for index, detail in sibling_problems(plan, fact.relpath, fact.records):
+            self.siblings.setdefault(index, []).append((fact.relpath, detail))
+        if fact.relpath in self.scope:
+            self.facts[fact.relpath] = fact
+
+
 @dataclass(frozen=True)
 class Context:
     """What listing checks and footer-check notes see."""
@@ -59,7 +81,7 @@ class Context:
     job: Job
     plan: Plan
     present: list[str]                 # base shards with an output shard, in base order
-    facts: dict[str, FooterFacts]
+    found: Found
 
 
 def choose_sample(shards: list[str], n: int, seed: int) -> list[str]:
@@ -69,20 +91,51 @@ def choose_sample(shards: list[str], n: int, seed: int) -> list[str]:
     return sorted(random.Random(seed).sample(sorted(shards), n))
 
 
-def footer_reads(pool: ThreadPoolExecutor, plan: Plan, shards: list[str], specs, scope: set[str]) -> list[Future]:
-    """Read both footers of each shard (sizes from the listings: no HEAD request on S3)."""
-    job = plan.job
-    return [pool.submit(read_footers, job, rel, specs, rel in scope, ROWS, plan.inputs(rel),
-                        (plan.base.shards[rel], plan.output.shards[rel])) for rel in shards]
+class FooterReads:
+    """Both footers of each of `shards`, read by FOOTER_THREADS threads (sizes from the listings: no HEAD request
+    on S3), each shard's folded into `found` at once: no future or fact per shard outlives its fold. `stop()`
+    ends it before the next shard; `join()` waits and re-raises a thread's error (footer checks turn a store's
+    errors into problems, so an error here is a bug)."""
 
+    def __init__(self, plan: Plan, shards: list[str], specs, found: Found, progress: Progress):
+        self.plan, self.specs, self.found, self.progress = plan, specs, found, progress
+        self._next, self._lock, self._stopped, self._error = iter(shards), threading.Lock(), False, None
+        self._threads = [threading.Thread(target=self._read, name=f"verify-footers-{i}", daemon=True)
+                         for i in range(min(FOOTER_THREADS, len(shards)))]
+        for thread in self._threads:
+            thread.start()
 
-def collect(futures: list[Future], progress: Progress) -> dict[str, FooterFacts]:
-    facts = {}
-    for future in as_completed(futures):
-        fact = future.result()
-        facts[fact.relpath] = fact
-        progress.update(done=1, rows=fact.out_rows or 0)
-    return facts
+    def _read(self) -> None:
+        plan = self.plan
+        while True:
+            with self._lock:
+                rel = None if self._stopped else next(self._next, None)
+            if rel is None:
+                return
+            try:
+                fact = read_footers(plan.job, rel, self.specs, rel in self.found.scope, ROWS, plan.inputs(rel),
+                                    (plan.base.shards[rel], plan.output.shards[rel]))
+                with self._lock:
+                    self.found.add(plan, fact)
+                    self.progress.update(done=1, rows=fact.out_rows or 0)
+            except BaseException as exc:
+                with self._lock:
+                    self._error, self._stopped = self._error or exc, True
+                return
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+
+    def join(self) -> None:
+        try:
+            for thread in self._threads:
+                thread.join()
+        except BaseException:  # a signal while waiting: no further shard is read
+            self.stop()
+            raise
+        if self._error is not None:
+            raise self._error
 
 
 def verify(job: Job, samples: int = 50, seed: int = 0, all_shards: bool = False, run: Runner | None = None,
@@ -101,23 +154,22 @@ def verify(job: Job, samples: int = 50, seed: int = 0, all_shards: bool = False,
     specs = stat_specs(pipe.dataset)
     sample_set, scope_set = set(sample), set(scope)
     progress = Progress("verify footers", len(present), stream=stream)
-    with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-        facts = collect(footer_reads(pool, plan, scope, specs, scope_set), progress)
-        rest = footer_reads(pool, plan, [rel for rel in present if rel not in scope_set], specs, scope_set)
+    found = Found(scope_set)
+    FooterReads(plan, scope, specs, found, progress).join()
+    rest = FooterReads(plan, [rel for rel in present if rel not in scope_set], specs, found, progress)
+    try:
         ranges: dict = {}
         for rel in scope:
-            merge_ranges(ranges, facts[rel].ranges)
-        tasks = [ShardTask(rel, rel in sample_set, rel in scope_set, facts[rel].records, ranges, listed(plan, rel))
-                 for rel in sorted(sample_set | scope_set)]
-        try:
-            results, stats = _run(job, specs, tasks, run or check_locally, stream)
-        except BaseException:
-            for future in rest:  # interrupted: the footers not yet read are not waited for
-                future.cancel()
-            raise
-        facts.update(collect(rest, progress))
+            merge_ranges(ranges, found.facts[rel].ranges)
+        tasks = [ShardTask(rel, rel in sample_set, rel in scope_set, found.facts[rel].records, ranges,
+                           listed(plan, rel)) for rel in sorted(sample_set | scope_set)]
+        results, stats = _run(job, specs, tasks, run or check_locally, stream)
+    except BaseException:
+        rest.stop()  # interrupted: the footers not yet read are not read
+        raise
+    rest.join()
     progress.close()
-    ctx = Context(job, plan, present, facts)
+    ctx = Context(job, plan, present, found)
     redo = [s for s in stats.values() if not all(f.histogram_ok() for f in s.fields.values())]
     if redo:  # footers lacked statistics or disagreed with the data: bin again with the exact ranges
         exact = {f"{s.column}.{n}": (f.min, f.max) for s in stats.values() for n, f in s.fields.items() if f.count}
@@ -142,6 +194,11 @@ def listed(plan: Plan, relpath: str) -> dict[str, str]:
     return {**plan.listed(relpath), plan.job.output_uri(relpath): plan.output.ids[relpath]}
 
 
+def in_base_order(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Problems folded as footers arrived, by relpath (the listings' order); a shard's own in the order found."""
+    return sorted(problems, key=lambda problem: problem[0])
+
+
 def make_checks(ctx: Context, results: list[ShardResult], sampled: int, seed: int) -> list[Check]:
     """One report entry per registered check of this pipeline, in registry order."""
     checks = []
@@ -151,10 +208,8 @@ def make_checks(ctx: Context, results: list[ShardResult], sampled: int, seed: in
             args = (ctx, check) if index is None else (ctx, check, index)
             definition.run(*args)
         elif definition.stage == "footer":
-            for rel in ctx.present:
-                for problem, detail in ctx.facts[rel].problems:
-                    if problem == name:
-                        check.fail(rel, detail)
+            for rel, detail in in_base_order(ctx.found.problems.get(name, ())):
+                check.fail(rel, detail)
             check.note = definition.note(ctx) if definition.note else ""
         else:
             check.checked, check.note = sampled, f"{sampled} sampled shard(s), seed {seed}"

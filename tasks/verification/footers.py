@@ -60,15 +60,13 @@ def read_footers(job: Job, relpath: str, specs: tuple[StatSpec, ...], want_range
     `sizes`: the base's and the output's sizes as listed (no HEAD request on S3)."""
     image = job.pipeline.dataset.image_column
     try:
-        base_meta = storage.read_footer(job.base_uri(relpath), sizes[0])
-        base_schema = base_meta.schema.to_arrow_schema()
+        base_meta, base_schema = storage.read_footer_schema(job.base_uri(relpath), sizes[0])
         if image in base_schema.names:
             base_schema = base_schema.remove(base_schema.get_field_index(image))
     except Exception as exc:
         return FooterFacts(relpath, None, None, ((unreadable, f"base footer unreadable: {one_line(exc)}"),), None)
     try:
-        out_meta = storage.read_footer(job.output_uri(relpath), sizes[1])
-        out_schema = out_meta.schema.to_arrow_schema()
+        out_meta, out_schema = storage.read_footer_schema(job.output_uri(relpath), sizes[1])
     except Exception as exc:
         return FooterFacts(relpath, base_meta.num_rows, None,
                            ((unreadable, f"output footer unreadable: {one_line(exc)}"),), None)
