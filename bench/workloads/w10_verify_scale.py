@@ -35,7 +35,8 @@ peak RSS, and CPU a shard: the verify process's (with any children it waited for
 serves moto and the proxy (what real S3 would do elsewhere: beside verify on these 2 cores, it slows it). Each report (--json) is
 checked: every check passed, N shards, and the statistics hold every row of their scope. Where the largest count is below 10^5, rows give 10^5 by a linear fit over the counts measured,
 labelled "extrapolated" (`python bench/run.py --size full --only W10 --w10-counts 1000,10000,100000` measures it).
-A JSON line per count goes to w10-progress.jsonl in the data folder as each count finishes.
+A JSON line per stage (set-up, sample, all) and per count goes to w10-progress.jsonl in the data folder as each
+ends.
 """
 from __future__ import annotations
 
@@ -210,6 +211,7 @@ class ScaleCase:
         write_yamls(self.root, source_root=f"s3://{self.bucket}")
         result["outputs"] = self.kernel_outputs()
         say(f"@ {self.n:,}: outputs (kernel, {PROCESSES} processes) in {result['outputs']['seconds']:.1f} s")
+        log_stage(self.data, self.n, "set-up", result)
         if self.n <= run_max:
             result["run"] = self.merge()
             result["compared"] = self.compare_with_run(result["outputs"]["run_id"])
@@ -217,6 +219,7 @@ class ScaleCase:
         self.check_listing()
         for mode in MODES:
             result[mode] = self.verify(mode)
+            log_stage(self.data, self.n, mode, result[mode])
         return result
 
     def check_listing(self) -> None:
@@ -488,6 +491,14 @@ def log_progress(data: Path, n: int, result: dict) -> None:
         f.write(json.dumps(line, default=str) + "\n")
     print(f"[bench] W10 @ {n:,}: " + ", ".join(f"{m} {result[m]['wall']:.1f} s" for m in MODES), file=sys.stderr,
           flush=True)
+
+
+def log_stage(data: Path, n: int, stage: str, result: dict) -> None:
+    """A JSON line as each stage of a count ends (w10-progress.jsonl, "stage": set-up, sample or all): a run
+    stopped within a count keeps what it measured of it. The count's whole line follows when it is done."""
+    line = {"shards": n, "stage": stage, "loadavg": os.getloadavg(), "time": time.time(), **result}
+    with open(data / "w10-progress.jsonl", "a") as f:
+        f.write(json.dumps(line, default=str) + "\n")
 
 
 def fit(points: dict[int, float], x: int) -> float:
