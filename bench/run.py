@@ -1,6 +1,7 @@
 """sidecar-ops benchmarks: generate data locally, run every workload, print medians and ratios.
 
     python bench/run.py [--size smoke|small|full] [--only W1,W3] [--w6-counts 1000,10000]
+                        [--w10-counts 1000,10000,100000]
 
 Data goes under bench/data/<size>/ (gitignored, reused when its parameters match); results go to
 bench/out/results.json (`python bench/current.py RESULTS.json...` turns them into RESULTS.md's current table).
@@ -53,8 +54,8 @@ SIZES = {
                  w6_counts=[1_000, 10_000, 100_000], w6_max={"chain": 30_000, "sequential": 10_000}, w7_shards=12, w7_rows=200_000,
                  w8_shards=24, w8_rows=20_000, w9_rows=[500_000, 1_000_000, 1_500_000, 2_000_000, 4_000_000],
                  w9_goal_rows=1_500_000, w9_growth=(1_000_000, 4_000_000),
-                 # 10^5 shards: 300,000 puts (~3.7 ms each here) and a `sidecar-ops run` of ~30 min to set up, over
-                 # the ~10 min W10 allows its set-up: extrapolated from these by a linear fit
+                 # 10^5 shards: extrapolated from these by a linear fit; measured with --w10-counts 1000,10000,100000
+                 # (set-up a few minutes at 10^5, the two verify runs most of an hour on 2 cores)
                  w10_counts=[1_000, 10_000], w11_shards=150, w12_counts=[2_000, 20_000]),
 }
 WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W12")
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--w6-modes", default=None, help="comma-separated W6 modes (default: all): chain, fused, ray, "
                    "plain_ray, sequential")
     p.add_argument("--w8-latency-ms", type=float, default=None, help="W8's first-byte latency per request (15)")
+    p.add_argument("--w10-counts", default=None, help="comma-separated shard counts for W10 (default: the size's)")
     p.add_argument("--w9-layouts", default=None, help="comma-separated W9 layouts (default: pyarrow,one,spark)")
     args = p.parse_args(argv)
     size = dict(SIZES[args.size])
@@ -133,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         size["w9_layouts"] = [m.strip() for m in args.w9_layouts.split(",") if m.strip()]
     if args.w6_counts:
         size["w6_counts"] = [int(n) for n in args.w6_counts.split(",")]
+    if args.w10_counts:
+        size["w10_counts"] = [int(n) for n in args.w10_counts.split(",")]
     if args.w6_modes:
         size["w6_modes"] = [m.strip() for m in args.w6_modes.split(",") if m.strip()]
     if args.w8_latency_ms is not None:
