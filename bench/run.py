@@ -55,7 +55,7 @@ SIZES = {
                  w8_shards=24, w8_rows=20_000, w9_rows=[500_000, 1_000_000, 1_500_000, 2_000_000, 4_000_000],
                  w9_goal_rows=1_500_000, w9_growth=(1_000_000, 4_000_000),
                  # 10^5 shards: extrapolated from these by a linear fit; measured with --w10-counts 1000,10000,100000
-                 # (set-up a few minutes at 10^5, the two verify runs most of an hour on 2 cores)
+                 # (at 10^5: ~45 min of set-up, 26 min for the sample verify, ~47 for --all, on 2 cores)
                  w10_counts=[1_000, 10_000], w11_shards=150, w12_counts=[2_000, 20_000]),
 }
 WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W12")
