@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks import footer, storage
+from tasks.ops.alignment import family as alignment_family
 from tasks.ops.lineage import Change
 from tasks.windows import BATCH_ROWS, RowWindows, batches
 
@@ -239,6 +240,8 @@ def check_steps(p: Plan, step_failed) -> None:
     for index, target in p.keys:
         sibling = p.streams[index].sibling
         alignment = sibling.alignment
+        if same_key_bytes(p, target, sibling):
+            continue
         offset = 0
         try:
             source_key = batches(sibling.pf, [alignment.source_key])
@@ -255,6 +258,32 @@ def check_steps(p: Plan, step_failed) -> None:
         if values.steps:
             for _ in value_batches(p, values, step_failed):
                 pass
+
+
+def same_key_bytes(p: Plan, target: Values, sibling) -> bool:
+    """Whether a step's keys are equal by their bytes, without decoding them: the target key is a column as its
+    source stores it (no step changed it), the sibling's key column holds the same chunks byte for byte
+    (same_chunks) as the same Arrow type of a key family, and no chunk holds a null (a null key is never
+    equal): a required column, or statistics that count no null in every chunk. Otherwise the keys are
+    decoded and compared. Equal bytes under equal metadata decode to equal values: what comparing them decoded
+    would find, as no value is null and no key type has a NaN."""
+    if target.steps:
+        return False
+    source, keys = p.sources[target.source], sibling.alignment
+    kind = source.pf.schema_arrow.field(target.column).type
+    if alignment_family(kind) is None or sibling.pf.schema_arrow.field(keys.source_key).type != kind:
+        return False
+    meta = source.pf.metadata
+    leaf = _leaf(meta, target.column)
+    if leaf is None or not (meta.schema.column(leaf).max_definition_level == 0 or all(
+            _no_null(meta.row_group(g).column(leaf)) for g in range(meta.num_row_groups))):
+        return False
+    return bool(same_chunks(sibling.pf, sibling.file, source.pf, source.file, keys.source_key, target.column))
+
+
+def _no_null(chunk: pq.ColumnChunkMetaData) -> bool:
+    stats = chunk.statistics
+    return stats is not None and stats.has_null_count and stats.null_count == 0
 
 
 # ---------------------------------------------------------------- the output's bytes
@@ -279,14 +308,15 @@ class Pieces:
             start = self.start + hi
 
 
-def same_chunks(written: pq.ParquetFile, written_file, base: pq.ParquetFile, base_file, column: str) -> bool | None:
+def same_chunks(written: pq.ParquetFile, written_file, base: pq.ParquetFile, base_file, column: str,
+                base_column: str | None = None) -> bool | None:
     """Whether top-level column `column` of the written file holds the base's column chunks, byte for byte, by
     what pyarrow reads of both footers: None if the footers do not say the chunks are alike (another encoding,
     codec, size or row groups: the values must be decoded to be compared), else whether every chunk's bytes
     equal the base's (read through PIECE-sized buffers). Equal bytes under equal column metadata and schema
     decode to equal values."""
     a, b = written.metadata, base.metadata
-    leaf_a, leaf_b = _leaf(a, column), _leaf(b, column)
+    leaf_a, leaf_b = _leaf(a, column), _leaf(b, base_column or column)
     if leaf_a is None or leaf_b is None or a.num_row_groups != b.num_row_groups or (
             not a.schema.column(leaf_a).equals(b.schema.column(leaf_b))):
         return None

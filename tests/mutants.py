@@ -367,6 +367,12 @@ MUTANTS = [
            "    if max(p.sources[0].groups) <= PIECE_ROWS:", "    if True:",
            (CC + "test_scores_of_a_row_group_larger_than_a_piece_are_encoded_in_pieces_into_one_chunk",
             CC + "test_scores_encoded_into_larger_row_groups_hold_a_piece_not_the_row_group")),
+    Mutant("Y7", "Keys still proven on the copy path", "keys stored as the same bytes taken as equal though a "
+           "chunk holds a null key (statistics not asked)", "tasks/chunkcopy.py",
+           "    if leaf is None or not (meta.schema.column(leaf).max_definition_level == 0 or all(\n"
+           "            _no_null(meta.row_group(g).column(leaf)) for g in range(meta.num_row_groups))):",
+           "    if leaf is None:",
+           (CC + "test_a_null_key_stored_alike_in_base_and_sibling_is_still_a_mismatch",)),
     # ------------------------------------------------------------ issue 34: the edges of the promises
     Mutant("A5", "Atomic shards", "a local write stopped by Ctrl-C or SystemExit leaves its temp file (clean-up on "
            "Exception only)", "tasks/storage/local.py",

@@ -261,6 +261,67 @@ def test_a_misaligned_sibling_fails_the_copy_before_anything_is_written(tmp_path
     assert not (tmp_path / "data" / "copy").exists() or not any((tmp_path / "data" / "copy").rglob("*.parquet"))
 
 
+def decoded_keys(monkeypatch) -> list[str]:
+    """The columns the copy path's key check decodes (chunkcopy.batches), as the merge asks for them."""
+    seen: list[str] = []
+    real = chunkcopy.batches
+
+    def spy(pf, columns, *a, **k):
+        seen.extend(c for c in columns if c in ("image_key", "s3_image_path"))
+        return real(pf, columns, *a, **k)
+
+    monkeypatch.setattr(chunkcopy, "batches", spy)
+    return seen
+
+
+@pytest.mark.parametrize("layout, sibling_kw, decoded", [
+    ("one-group", {}, []),
+    ("spark-sized", {}, []),
+    ("small-groups", {}, []),
+    ("siblings-cut-otherwise", {}, ["image_key"] * 2 + ["s3_image_path"] * 2),
+    ("one-group", {"compression": "zstd"}, ["image_key"] * 2 + ["s3_image_path"] * 2),
+    ("one-group", {"data_page_size": 1024}, ["image_key"] * 2 + ["s3_image_path"] * 2),
+    ("one-group", {"key_type": pa.large_string()}, ["image_key"] * 2 + ["s3_image_path"] * 2),
+], ids=["one-group", "spark-sized", "small-groups", "cut-otherwise", "another-codec", "other-pages",
+        "another-arrow-type"])
+def test_keys_stored_as_the_same_bytes_are_proven_without_decoding_them(tmp_path, monkeypatch, layout, sibling_kw,
+                                                                        decoded):
+    """A sibling whose key chunks are the base's byte for byte (same row groups, codec, encodings and pages, as
+    a scoring job that wrote the keys it read with the same writer makes them) aligns without decoding either
+    side; one written otherwise (cut otherwise, another codec, other page sizes, its keys another Arrow type of
+    the same bytes) is decoded and compared, and both merge as the decode path does."""
+    job, base, groups = make(tmp_path, layout)
+    if sibling_kw:
+        key_type = sibling_kw.pop("key_type", None)
+        for name in ("dqm", "aes"):
+            path = tmp_path / "data" / name / REL
+            table = pq.read_table(path)
+            if key_type is not None:
+                table = table.set_column(0, table.field(0).name, table.column(0).cast(key_type))
+            write(table, path, groups, **{**LAYOUTS[layout][4], **sibling_kw})
+    seen = decoded_keys(monkeypatch)
+    copied, _, copy_uri, decode_uri = both(job)
+    assert copied.path == "copy"
+    assert seen == decoded
+    assert_same_output(copy_uri, decode_uri)
+
+
+@pytest.mark.parametrize("statistics", [True, False], ids=["null-counted", "no-statistics"])
+def test_a_null_key_stored_alike_in_base_and_sibling_is_still_a_mismatch(tmp_path, statistics):
+    """Equal bytes decode to equal values, but a null key is never equal: a key chunk whose statistics count a
+    null (or that has none) is decoded and compared, and the shard fails as on the decode path, nothing written."""
+    job, base, groups = make(tmp_path, "one-group")
+    keys = base["image_key"].to_pylist()
+    keys[7] = None
+    table = base.set_column(0, "image_key", pa.array(keys))
+    write(table, tmp_path / "data" / "base" / REL, groups, compression="snappy", write_statistics=statistics)
+    write(scores(table, "image_key", "dqm_d1_v6_1"), tmp_path / "data" / "dqm" / REL, groups,
+          compression="snappy", write_statistics=statistics)
+    with pytest.raises(Exception, match=r"operations\[0\].*key mismatch in 1 of 2500 rows; first at row 7"):
+        merge_shard(job, REL)
+    assert not any((tmp_path / "data").rglob("copy/**/*.parquet"))
+
+
 @pytest.mark.parametrize("shaped", [False, True], ids=["float-scores", "struct-scores"])
 @pytest.mark.parametrize("sibling_groups", [[2000], [700, 700, 600]], ids=["one-group", "cut-otherwise"])
 def test_scores_of_a_row_group_larger_than_a_piece_are_encoded_in_pieces_into_one_chunk(tmp_path, monkeypatch,

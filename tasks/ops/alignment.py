@@ -11,10 +11,10 @@ import pyarrow.compute as pc
 from tasks.errors import ShardError
 
 
-def _family(t: pa.DataType) -> str | None:
+def family(t: pa.DataType) -> str | None:
     """Key types that compare without converting values: one family each; None for any other type."""
     if pa.types.is_dictionary(t):
-        return _family(t.value_type)
+        return family(t.value_type)
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return "string"
     if (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
@@ -28,14 +28,14 @@ def _family(t: pa.DataType) -> str | None:
 INT64_MAX = 2**63 - 1
 
 
-def _widen(keys: pa.ChunkedArray, family: str, unsigned: bool) -> pa.ChunkedArray:
+def _widen(keys: pa.ChunkedArray, kind: str, unsigned: bool) -> pa.ChunkedArray:
     """The same values in the family's widest type: a lossless re-encoding, never a parse or format.
     A mixed-sign integer pair compares as int64; uint64 values beyond int64 become nulls (a mismatch)."""
     if pa.types.is_dictionary(keys.type):
         keys = keys.cast(keys.type.value_type)
-    if family == "string":
+    if kind == "string":
         return keys.cast(pa.large_string())
-    if family == "binary":
+    if kind == "binary":
         return keys.cast(pa.large_binary())
     if unsigned:
         return keys.cast(pa.uint64())
@@ -51,14 +51,14 @@ def comparable(left: pa.ChunkedArray, right: pa.ChunkedArray, target_key: str,
     """Both key columns in one type, or a ShardError when their types belong to different families."""
     if left.type == right.type:
         return left, right
-    family = _family(left.type)
-    if family is None or family != _family(right.type):
+    kind = family(left.type)
+    if kind is None or kind != family(right.type):
         raise ShardError(f"key types differ: {target_key} is {left.type}, source {source_key} is {right.type}; "
                          "keys align only within one family (string, binary or integer types), never by "
                          "converting values; rewrite one sidecar's key column with the other's type")
     value = lambda t: t.value_type if pa.types.is_dictionary(t) else t  # noqa: E731
-    unsigned = family == "integer" and all(pa.types.is_unsigned_integer(value(t)) for t in (left.type, right.type))
-    return _widen(left, family, unsigned), _widen(right, family, unsigned)
+    unsigned = kind == "integer" and all(pa.types.is_unsigned_integer(value(t)) for t in (left.type, right.type))
+    return _widen(left, kind, unsigned), _widen(right, kind, unsigned)
 
 
 def check_row_counts(rows: int, source_rows: int) -> None:
