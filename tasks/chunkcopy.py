@@ -340,7 +340,7 @@ def _same_bytes(a: Iterator[memoryview], b: Iterator[memoryview]) -> bool:
         if x is None or y is None:
             return x is None and y is None
         n = min(len(x), len(y))
-        if n and x[:n] != y[:n]:
+        if n and not pa.py_buffer(x[:n]).equals(pa.py_buffer(y[:n])):  # a memcmp (memoryviews compare by item)
             return False
         x, y = x[n:], y[n:]
 

@@ -14,7 +14,10 @@ tasks.demo is imported only to build a case, so a floor script that merely loads
            sample write of the same table; each file is cut by its own size, as Spark writes each dataset on
            its own (so the small score sidecars are one row group while a large base is several)
 `codec` is the inputs' compression: zstd (the default), or snappy (Spark's and many real datasets'), which the
-copy path keeps in the output while `--recompress zstd` and the zstd floor rewrite it.
+copy path keeps in the output while `--recompress zstd` and the zstd floor rewrite it. `sibling_codec`, when
+given, compresses the score sidecars otherwise than the base (a scoring job whose writer is not the base's): their
+key chunks are then other bytes than the base's, so the copy path decodes and compares the keys (with one writer
+for all, equal bytes prove them equal undecoded).
 """
 from __future__ import annotations
 
@@ -128,16 +131,17 @@ def _same_case(marker: Path, params: dict) -> bool:
 
 
 def make_case(root: Path, shards: int, rows: int | list[int], linked: bool = False,
-              layout: str = "small", codec: str = "zstd") -> Case:
+              layout: str = "small", codec: str = "zstd", sibling_codec: str | None = None) -> Case:
     """Build (or reuse) a case; `rows` is per shard (an int for all shards); `layout` cuts the row groups;
-    `codec` compresses every input."""
+    `codec` compresses every input, or the base only where `sibling_codec` compresses the score sidecars."""
     from tasks.demo import relpaths, shard_tables
 
     root = Path(root)
     per_shard = list(rows) if isinstance(rows, list) else [rows] * shards
     params = {"shards": shards, "rows": per_shard if len(set(per_shard)) > 1 else per_shard[0], "linked": linked,
               "row_group": ROW_GROUP, "version": 2, "layout": layout,
-              "codec": codec}
+              "codec": codec, **({"sibling_codec": sibling_codec} if sibling_codec else {})}
+    codecs = {name: sibling_codec or codec if name != "base" else codec for name in SIDECARS}
     rels = relpaths(shards)
     case = Case(root, tuple(rels), tuple(per_shard))
     marker = root / "ready.json"
@@ -155,7 +159,7 @@ def make_case(root: Path, shards: int, rows: int | list[int], linked: bool = Fal
                 for name, table in shard_tables(chunk, per_shard[0]).items():
                     if name in SIDECARS:
                         path = str(root / "templates" / f"{name}-{chunk}.parquet")
-                        _write(table, path, layout, codec)
+                        _write(table, path, layout, codecs[name])
                         templates[chunk][name] = path
             for name in SIDECARS:
                 dest = case.path(name, rel)
@@ -165,7 +169,7 @@ def make_case(root: Path, shards: int, rows: int | list[int], linked: bool = Fal
         for i, rel in enumerate(rels):
             for name, table in shard_tables(i, per_shard[i]).items():
                 if name in SIDECARS:
-                    _write(table, case.path(name, rel), layout, codec)
+                    _write(table, case.path(name, rel), layout, codecs[name])
     write_yamls(root)
     marker.write_text(json.dumps(params))
     return case
