@@ -196,20 +196,19 @@ def encrypted(meta: ThriftObject) -> bool:
 def lossless(obj: ThriftObject | dict, droppable: set[int] = frozenset()) -> bool:
     """Whether the writer keeps every field of `obj` (nested structs too): none numbered above 13, but those
     in `droppable` at the top."""
-    data = obj if isinstance(obj, dict) else obj.contents
-
-    def walk(d: dict, allowed: set[int]) -> bool:
-        for key, value in d.items():
+    todo = [(obj if isinstance(obj, dict) else obj.contents, droppable)]
+    while todo:  # a loop, not a recursion: it runs over every chunk of every copied column, a shard at a time
+        fields, allowed = todo.pop()
+        for key, value in fields.items():
             if not isinstance(key, int):
                 continue  # the codec's i32 markers
             if key > LAST_WRITTEN_FIELD and key not in allowed:
                 return False
-            items = value if isinstance(value, list) else [value]
-            if any(isinstance(v, dict) and not walk(v, set()) for v in items):
-                return False
-        return True
-
-    return walk(data, set(droppable))
+            if isinstance(value, dict):
+                todo.append((value, ()))
+            elif isinstance(value, list):
+                todo.extend((v, ()) for v in value if isinstance(v, dict))
+    return True
 
 
 def chunk_lossless(chunk: ThriftObject) -> bool:

@@ -420,3 +420,16 @@ def test_scores_encoded_into_larger_row_groups_hold_a_piece_not_the_row_group(tm
     mib = {n: round(v["peak"] / 2**20, 1) for n, v in peaks.items()}
     print(f"peak arrow memory, 250,000 -> 1,000,000 rows: {mib[250_000]} -> {mib[1_000_000]} MiB")
     assert mib[1_000_000] <= 1.25 * mib[250_000], mib
+
+
+def test_a_footer_field_the_writer_would_not_write_back_is_found_at_any_depth():
+    """footer.lossless: a field numbered past what the Thrift writer writes (13), in a struct or in a list of
+    structs at any depth, makes a chunk not copyable; the droppable ones are allowed at the top only."""
+    from tasks.footer import lossless
+
+    assert lossless({1: 2, 3: {4: 5}, 6: [{7: 8}], b"marker": 9})
+    assert not lossless({14: 1})
+    assert not lossless({1: {2: {20: 1}}})
+    assert not lossless({1: [{2: 3}, {15: 1}]})
+    assert lossless({15: 1}, {15})
+    assert not lossless({1: {15: 1}}, {15})
