@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 
 import pyarrow as pa
@@ -46,6 +47,7 @@ def now_utc() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
+@cache  # the code this process runs: read once (importlib.metadata walks sys.path, ~1 ms a call)
 def tool_version() -> str:
     try:
         return version("sidecar-ops")

@@ -47,7 +47,8 @@ EXPECTED["W7"] = ["(a) floor: plain pyarrow script, start -> exit", "(b) sidecar
                   "(b') sidecar-ops run, kept server, start -> exit", "(b') the same / the floor writing snappy",
                   "(b'') sidecar-ops run --recompress zstd, kept server", "output MiB, --recompress zstd", "one shard: floor script, start -> exit",
                   "one shard, warm home: sidecar-ops run start -> exit",
-                  "one shard, fresh home: sidecar-ops run start -> exit"]
+                  "one shard, fresh home: sidecar-ops run start -> exit",
+                  "(b''') sidecar-ops run, kept server, score sidecars of another writer (keys decoded)"]
 W8_A, W8_B, W8_C = "(a) script, sequential", "(b) script, 8 shards at once", "(c) sidecar-ops run"
 W8_D, W8_E = "(d) resume: sidecar-ops run on the finished output", "(e) one-shard sidecar-ops run"
 W8_F = "(f) sidecar-ops run --task-per-operation"
@@ -65,7 +66,7 @@ EXPECTED["W8"] = [f"{W8_A}: wall", f"{W8_B}: wall", f"{W8_C}: wall", f"{W8_D}: w
 A, B, C, D, E = W6_MODES
 RATIO_ROWS = {("W1", name) for name in EXPECTED["W1"][1:]} | {
     ("W2", "--use-ray (FastRayTaskRunner), full flow"), ("W3", "resume rerun on complete output"),
-    ("W5", "kernel on S3 (moto, loopback)"), *(("W7", name) for name in EXPECTED["W7"][1:8]),
+    ("W5", "kernel on S3 (moto, loopback)"), *(("W7", name) for name in EXPECTED["W7"][1:8]), ("W7", EXPECTED["W7"][-1]),
     ("W11", "--use-ray (local Ray started by the run), start -> exit"),
     ("W6", f"{B} @ 60: wall"),                      # fused thread / chain thread
     ("W6", f"{C} @ 20: wall"),                      # fused Ray / plain-Ray floor

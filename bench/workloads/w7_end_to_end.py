@@ -8,6 +8,9 @@ The inputs are snappy-compressed (as Spark and many real datasets write them).
     task a shard, by the copy path: the default)
 (b') the same against a kept server (PREFECT_API_URL naming a `prefect server start` on loopback)
 (b'') the same, kept server, `--recompress zstd` (the decode path, like for like with (a)'s zstd output)
+(b''') the same as (b'), the score sidecars written zstd (the base snappy): their key chunks are other bytes than
+    the base's, so the copy path decodes and compares the keys (in (b') one writer wrote all three, as a scoring
+    job writing the keys it read with the base's settings does, and equal bytes prove the keys equal undecoded)
 (c) `sidecar-ops run --task-per-operation` (a chain of one task per operation)
 One uncounted warm-up run of (b) and (b') first (warms the Prefect homes and the page cache), then `repeats`
 rounds of the contenders alternated; medians. Then the fixed cost: the same data's first shard alone through
@@ -45,6 +48,8 @@ def cli(case: Case, out: str, home: Path, *flags: str, api_url: str | None = Non
 
 def run(data: Path, size: dict) -> list[Row]:
     case = make_case(data / "w7", size["w7_shards"], size["w7_rows"], codec="snappy")
+    other = make_case(data / "w7-other-writer", size["w7_shards"], size["w7_rows"], codec="snappy",
+                      sibling_codec="zstd")
     home, kept_home = cli_home(data), data / "prefect-home-kept"
     with kept_server(data) as url:
         contenders = {"floor": lambda out: floor(case, out),
@@ -52,20 +57,22 @@ def run(data: Path, size: dict) -> list[Row]:
                       "cli": lambda out: cli(case, out, home),
                       "kept": lambda out: cli(case, out, kept_home, api_url=url),
                       "kept_zstd": lambda out: cli(case, out, kept_home, "--recompress", "zstd", api_url=url),
+                      "kept_other": lambda out: cli(other, out, kept_home, api_url=url),
                       "chain": lambda out: cli(case, out, home, "--task-per-operation")}
         for name in ("cli", "kept"):
             warmup = case.output(name)
             contenders[name](warmup)
             check_rows(case, warmup, "warm-up")
         samples: dict[str, list[float]] = {name: [] for name in contenders}
-        for _ in range(size["repeats"]):
+        for _ in range(size.get("w7_repeats", size["repeats"])):
             for name, fn in contenders.items():
-                out = case.output(name)
+                this = other if name == "kept_other" else case
+                out = this.output(name)
                 samples[name].append(fn(out))
-                check_rows(case, out, name)
+                check_rows(this, out, name)
     m = {k: median(v) for k, v in samples.items()}
     desc = (f"{len(case.relpaths)} shards x {case.rows[0]:,} rows, {case.bytes_on_disk() / 2**20:.0f} MiB base "
-            f"(snappy); medians of {size['repeats']}")
+            f"(snappy); medians of {size.get('w7_repeats', size['repeats'])}")
     kept = "thread runner, a kept Prefect server (PREFECT_API_URL)"
     return [
         Row("W7", FLOOR, m["floor"], samples=samples["floor"], note=desc),
@@ -77,6 +84,9 @@ def run(data: Path, size: dict) -> list[Row]:
         Row("W7", "(b') the same / the floor writing snappy", m["kept"], ref=FLOOR_SAME, note="the same samples"),
         Row("W7", "(b'') sidecar-ops run --recompress zstd, kept server", m["kept_zstd"],
             samples=samples["kept_zstd"], ref=FLOOR, note=kept + "; the decode path, zstd like (a)"),
+        Row("W7", "(b''') sidecar-ops run, kept server, score sidecars of another writer (keys decoded)",
+            m["kept_other"], samples=samples["kept_other"], ref=FLOOR,
+            note=kept + "; the base snappy, the score sidecars zstd: the keys cannot be proven by their bytes"),
         Row("W7", "output MiB, copy path (snappy kept)", _mib(case, "kept"), unit="MiB"),
         Row("W7", "output MiB, --recompress zstd", _mib(case, "kept_zstd"), unit="MiB",
             ref="output MiB, copy path (snappy kept)"),
