@@ -47,9 +47,17 @@ def sh(*cmd: str) -> None:
 
 
 def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(host, 1)[0]
+
+
+def free_ports(host: str, n: int) -> list[int]:
+    """n distinct free ports: each socket is held until all are picked (picked one at a time, the kernel may hand
+    the same port out twice, and Ray refuses a port given to two of its components)."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 def _free_subnet() -> str:
@@ -173,9 +181,11 @@ class RayCluster:
 
     def start_head(self) -> None:
         ip = self.net.head.ip
-        ports = {opt: str(free_port(ip)) for opt in (
-            "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-            "--runtime-env-agent-port", "--metrics-export-port", "--node-manager-port", "--object-manager-port")}
+        opts = ("--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                "--runtime-env-agent-port", "--metrics-export-port", "--node-manager-port", "--object-manager-port")
+        taken = {self.port, self.client_port}
+        picked = [p for p in free_ports(ip, len(opts) + len(taken)) if p not in taken][:len(opts)]
+        ports = {opt: str(p) for opt, p in zip(opts, picked)}
         self.dashboard_port = int(ports["--dashboard-port"])
         self._start("head", self.net.head, [
             str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", ip, "--port", str(self.port),
@@ -243,8 +253,9 @@ def ray_cluster(net: Network, workers: list[Host], work: Path, head_env: dict[st
     logs = work / "cluster-logs"
     logs.mkdir(parents=True, exist_ok=True)
     temp_dir = Path(f"/tmp/sco-{net.id}")  # short: Ray's unix socket paths must fit 107 bytes
-    cluster = RayCluster(net, uuid.uuid4().hex, token, temp_dir, free_port(net.head.ip),
-                         free_port(net.head.ip), workers, logs, dict(head_env or {}))
+    gcs_port, client_port = free_ports(net.head.ip, 2)
+    cluster = RayCluster(net, uuid.uuid4().hex, token, temp_dir, gcs_port, client_port, workers, logs,
+                         dict(head_env or {}))
     try:
         cluster.start_head()
         cluster.wait_for_log("head", "will now block forever")  # workers that join too early time out
