@@ -201,6 +201,13 @@ class RayCluster:
             "--num-cpus", str(cpus), "--disable-usage-stats"])
         self.wait_for_log(name, "will now block forever")
 
+    def head_logs(self, pattern: str, tail: int = 3000) -> str:
+        """The end of each of the head's Ray logs named like `pattern` (e.g. the Ray Client's servers'), for a
+        failure's message: they are gone with the cluster's temp dir."""
+        found = sorted(self.temp_dir.glob(f"session_*/logs/{pattern}"))
+        return "\n".join(f"--- {p.name}:\n{p.read_text(errors='replace')[-tail:]}" for p in found) or (
+            f"(no {pattern} under {self.temp_dir})")
+
     def lose_host(self, host: Host) -> int:
         """The host goes away: every process in its namespace is SIGKILLed. Returns how many."""
         pids = host.pids()
@@ -267,6 +274,8 @@ def ray_cluster(net: Network, workers: list[Host], work: Path, head_env: dict[st
         for host in workers:
             cluster.lose_host(host)
         kill_tagged(cluster.tag)
+        for kept in temp_dir.glob("session_*/logs/ray_client_server*"):  # kept for a failure seen later
+            shutil.copy(kept, logs / kept.name)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
