@@ -168,8 +168,9 @@ def test_smoke_size_produces_every_row_and_ratio(tmp_path):
         finally:
             if proc.poll() is None:
                 proc.kill()
-        log.seek(0)
-        text = log.read()
+        with log:
+            log.seek(0)
+            text = log.read()
         assert proc.returncode == 0, text[-6000:]
         result = json.loads(out.read_text())
         assert result["errors"] == {}
