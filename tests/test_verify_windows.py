@@ -5,13 +5,13 @@ numbers; on S3 each object is read once, as listed (no HEAD), in as few requests
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from arrowpeak import arrow_peak
 from core_fixtures import FILTER_EXTENSIONS, aes_op, build, dqm_op, read_table
 from faultproxy import proxied  # noqa: F401 (a fixture)
 from hypothesis import HealthCheck, example, given, settings
@@ -166,18 +166,6 @@ def test_on_s3_each_object_is_read_once_as_listed(tmp_path, s3_root, proxied):
                               ("GetObject", "watermark"): shards - 1})
     lists = [op for op, *_ in proxy.log if op == "ListObjects"]
     assert len(lists) == 5  # base, three sidecars, the output
-
-
-@contextmanager
-def arrow_peak():
-    """Arrow's high-water mark of what runs inside, in a pool of its own (pyarrow's default for the while)."""
-    before = pa.default_memory_pool()
-    pool = pa.proxy_memory_pool(before)
-    pa.set_memory_pool(pool)
-    try:
-        yield pool
-    finally:
-        pa.set_memory_pool(before)
 
 
 def test_a_deep_check_holds_a_window_not_the_shard(tmp_path):
