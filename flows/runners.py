@@ -331,7 +331,7 @@ class FastRayTaskRunner(RayTaskRunner):
             kwargs, env_vars = inherited_env(kwargs)
         try:
             with environment(env_vars):
-                ray_context = ray.init(address=target.address or "local", **kwargs)
+                ray_context = connect(target, kwargs, self.logger)
         except (ConnectionError, RuntimeError, ray.exceptions.AuthenticationError) as exc:
             raise ConfigError(f"cannot join Ray at {target.address}: {one_line(exc)}") from None
         compat.set_ray_owner(self, owns=True, ray_context=ray_context)
@@ -339,6 +339,28 @@ class FastRayTaskRunner(RayTaskRunner):
         if api_url and not target.all_on_this_host:
             cluster.check_api_reachable(api_url)
         return self
+
+
+# Ray's proxy (Ray Client, ray://) starts each client's own server by forking a process that runs gRPC threads, and
+# the child sometimes dies at once (ray-project/ray#63202, ~7% of connects there): the connect then fails with one
+# of these, before anything of the run has started on the cluster.
+CLIENT_SERVER_DIED = ("Starting Ray client server failed", "psutil.ZombieProcess")
+CLIENT_CONNECT_ATTEMPTS = 3
+
+
+def connect(target: cluster.RayTarget, kwargs: dict[str, Any], logger: logging.Logger) -> Any:
+    """`ray.init` to `target`; through Ray Client, tried again when the proxy's server for this client died at its
+    start (up to CLIENT_CONNECT_ATTEMPTS in all). Any other failure is raised at once."""
+    for attempt in range(1, CLIENT_CONNECT_ATTEMPTS + 1):
+        try:
+            return ray.init(address=target.address or "local", **kwargs)
+        except ConnectionAbortedError as exc:
+            if not (target.client_mode and attempt < CLIENT_CONNECT_ATTEMPTS
+                    and any(sign in str(exc) for sign in CLIENT_SERVER_DIED)):
+                raise
+            logger.warning("Ray's proxy at %s could not start this client's server (ray-project/ray#63202): "
+                           "connecting again (attempt %d of %d)", target.address, attempt + 1,
+                           CLIENT_CONNECT_ATTEMPTS)
 
 
 def inherited_env(init_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:

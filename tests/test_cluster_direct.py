@@ -220,6 +220,61 @@ def test_no_pre_flight_call_for_a_local_instance_or_the_ray_client(no_ray_env):
         prepare(target)
 
 
+# ------------------------------------------------------------------------------------------ runners.connect
+# Ray's two messages when its proxy's server for a client died at its start (ray-project/ray#63202), as our
+# multi-host client-mode test received them from Ray 2.60 (tests/test_multihost.py).
+DIED_AT_START = ["Initialization failure from server:\nRuntimeError: Starting Ray client server failed. "
+                 "See ray_client_server_23000.err for detailed logs.",
+                 "Initialization failure from server:\npsutil.ZombieProcess: PID still exists but it's a zombie "
+                 "(pid=26696)"]
+
+
+def failing_init(monkeypatch, errors: list[Exception]) -> list[str]:
+    """ray.init replaced: raises `errors` in turn, then connects; returns the addresses it was called with."""
+    from flows import runners
+
+    calls = []
+
+    def init(address, **kwargs):
+        calls.append(address)
+        if len(calls) <= len(errors):
+            raise errors[len(calls) - 1]
+        return "connected"
+
+    monkeypatch.setattr(runners.ray, "init", init)
+    return calls
+
+
+@pytest.mark.parametrize("message", DIED_AT_START, ids=["server failed", "zombie"])
+def test_a_client_whose_server_died_at_its_start_connects_again(monkeypatch, caplog, message):
+    from flows.runners import CLIENT_CONNECT_ATTEMPTS, connect
+
+    address = "ray://10.0.0.1:10001"
+    calls = failing_init(monkeypatch, [ConnectionAbortedError(message)] * (CLIENT_CONNECT_ATTEMPTS - 1))
+    with caplog.at_level(logging.WARNING):
+        assert connect(ray_target(address), {}, logging.getLogger("test")) == "connected"
+    assert calls == [address] * CLIENT_CONNECT_ATTEMPTS
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Ray's proxy at {address} could not start this client's server (ray-project/ray#63202): connecting "
+        f"again (attempt {n} of {CLIENT_CONNECT_ATTEMPTS})" for n in range(2, CLIENT_CONNECT_ATTEMPTS + 1)]
+
+
+@pytest.mark.parametrize("address, error, calls", [
+    ("ray://10.0.0.1:10001", ConnectionAbortedError(DIED_AT_START[0]), 3),  # every attempt spent
+    ("ray://10.0.0.1:10001", ConnectionAbortedError("Initialization failure from server:\nsomething else"), 1),
+    ("ray://10.0.0.1:10001", ConnectionError("ray client connection timeout"), 1),
+    ("10.0.0.1:6379", ConnectionAbortedError(DIED_AT_START[0]), 1),  # not through Ray Client
+], ids=["attempts-spent", "other-server-failure", "other-error", "not-client-mode"])
+def test_any_other_connect_failure_is_raised_at_once(monkeypatch, address, error, calls):
+    from flows.runners import CLIENT_CONNECT_ATTEMPTS, connect
+
+    assert CLIENT_CONNECT_ATTEMPTS == 3
+    made = failing_init(monkeypatch, [error] * calls)
+    with pytest.raises(type(error), match=re.escape(str(error))):
+        connect(ray_target(address), {}, logging.getLogger("test"))
+    assert made == [address] * calls
+
+
 # --------------------------------------------------------------------- api_health, check_api_reachable
 
 class Api(BaseHTTPRequestHandler):

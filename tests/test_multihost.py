@@ -258,7 +258,8 @@ def test_two_host_run_without_prefect_api_url_equals_the_thread_runner(cluster, 
     assert watch.auth.encode() not in out_bytes and DRIVER_SECRETS["AWS_SECRET_ACCESS_KEY"].encode() not in out_bytes
 
 
-RAY_CLIENT_FLAKE = "Initialization failure from server: RuntimeError: Starting Ray client server failed"
+# The run's warning when Ray's proxy failed to start the run's server and the run connected again (flows/runners.py).
+CONNECTED_AGAIN = "could not start this client's server (ray-project/ray#63202): connecting again"
 
 
 def test_ray_client_mode_from_a_third_host(cluster, data, reference, s3, tmp_path, net):
@@ -267,22 +268,19 @@ def test_ray_client_mode_from_a_third_host(cluster, data, reference, s3, tmp_pat
     client_host = net.hosts[2]
     earlier_jobs = [j["job_id"] for j in cluster.records("jobs")["jobs"]]
     out_prefix = "s3://cluster-data/client-mode/"
-    for attempt in range(2):
-        tag = new_tag()
-        try:
-            run = sidecar_ops(["run", data.pipeline, "--output-prefix", out_prefix, "--use-ray", "--ray-address",
-                               cluster.client_address, "--task-cpus", "1", "--max-inflight", "4"],
-                              driver_env(s3, tmp_path / "prefect-home", tag, cluster), host=client_host)
-        finally:
-            kill_tagged(tag)
-        client_logs = cluster.head_logs("ray_client_*") if run.returncode else ""
-        # Ray's proxy failed once in a full CI run to start its per-client server (after 180 s; not seen alone,
-        # cause unknown, nothing written): that one failure of Ray's, with its logs, is tried once more.
-        if attempt or RAY_CLIENT_FLAKE not in run.stderr:
-            break
-        print(f"the Ray Client's server failed to start; once more. Its logs:\n{client_logs}")
+    tag = new_tag()
+    try:
+        run = sidecar_ops(["run", data.pipeline, "--output-prefix", out_prefix, "--use-ray", "--ray-address",
+                           cluster.client_address, "--task-cpus", "1", "--max-inflight", "4"],
+                          driver_env(s3, tmp_path / "prefect-home", tag, cluster), host=client_host)
+    finally:
+        kill_tagged(tag)
+    client_logs = cluster.head_logs("ray_client_*") if run.returncode or CONNECTED_AGAIN in run.stderr else ""
     assert run.returncode == 0, f"{run.stderr}\nthe head's Ray Client logs:\n{client_logs}"
-    quiet(run)
+    if CONNECTED_AGAIN in run.stderr:  # Ray's own failure, survived: what Ray logged of it may say ERROR
+        print(f"the run connected again; the head's Ray Client logs:\n{client_logs}")
+    else:
+        quiet(run)
     assert f"(Prefect API http://{client_host.ip}:" in run.stderr
     assert counts(run.stdout) == (SHARDS, SHARDS, 0, 0)
     assert tables(out_prefix) == reference
