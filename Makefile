@@ -1,5 +1,6 @@
 # Quickstart: `make demo` (install, build the demo dataset, dry-run, merge, verify) and `make test` (the fast
-# tier, ~8 minutes on 2 cores: no Ray, no servers of its own, no PostgreSQL, no browser); `make test-all` is everything (CI).
+# tier, ~8 minutes on 2 cores: no Ray, no servers of its own, no PostgreSQL, no browser); `make test-all` is everything (CI),
+# as two pytest processes side by side: the modules that start Ray, and the rest (tests/streams.py).
 # The venv gets the test and benchmark extras (pytest, moto, hypothesis; duckdb and pandas as benchmark peers),
 # at the versions of constraints.txt.
 PYTHON ?= python3
@@ -24,7 +25,7 @@ test: install
 	$(BIN)/pytest -q -m fast
 
 test-all: install
-	$(BIN)/pytest -q
+	BIN=$(BIN) tests/both_streams
 
 # Every guarantee's mutant against its killing tests, in a temporary copy (docs/guarantees.md, Mutation table).
 mutants: install

@@ -10,8 +10,9 @@ import uuid
 
 import pytest
 
-# The two tiers and the guard of the fast one (a test without a heavy marker starts no process).
-pytest_plugins = ("pytester", "tier_guard")
+# The two tiers and the guard of the fast one (a test without a heavy marker starts no process); the two streams
+# of `make test-all` (tests/streams.py).
+pytest_plugins = ("pytester", "tier_guard", "streams")
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")

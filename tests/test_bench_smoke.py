@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]  # W2, W6 and W11 start local Ray instances
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -228,6 +228,7 @@ def test_thread_runner_deployment_merges_and_verify_deployment_publishes_artifac
     verify_cli(stack, output)
 
 
+@pytest.mark.ray
 def test_ray_deployment_merges_every_shard_on_ray(stack):
     output = stack.work / "out-ray"
     run = run_deployment(stack, "sidecar-merge/local", "e2e-merge-ray", pipeline=stack.pipeline,

@@ -111,6 +111,7 @@ def test_thread_runner_merges_1000_shards_through_a_server_on_postgres(pg, api, 
     merge_through(pg, api, dataset(tmp_path_factory, SHARDS), SHARDS, "out-thread")
 
 
+@pytest.mark.ray
 def test_ray_merges_through_a_server_on_postgres(pg, api, tmp_path_factory):
     merge_through(pg, api, dataset(tmp_path_factory, RAY_SHARDS), RAY_SHARDS, "out-ray", "--use-ray")
 

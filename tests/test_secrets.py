@@ -91,6 +91,7 @@ def test_in_process_run_leaves_no_credential_in_the_api(tmp_path, monkeypatch, r
 
 
 @pytest.mark.slow
+@pytest.mark.ray  # its --use-ray run starts a local Ray instance
 @pytest.mark.timeout(900)  # on the test: pytest-timeout reads marks of tests, not of helpers
 def test_no_output_contains_the_credentials(tmp_path, s3_root, moto_endpoint, prefect_api):
     demo = make_demo(tmp_path, s3_root, shards=3, rows=100)
