@@ -24,5 +24,5 @@ for _ in range(2000):
 @pytest.mark.slow
 def test_a_buffer_that_outlives_its_peak_pool_is_freed_safely():
     run = subprocess.run([sys.executable, "-c", OUTLIVE], cwd=Path(__file__).parent, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=120, check=False)
     assert run.returncode == 0, (run.returncode, run.stderr[-2000:])

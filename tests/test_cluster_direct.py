@@ -223,10 +223,10 @@ def test_no_pre_flight_call_for_a_local_instance_or_the_ray_client(no_ray_env):
 # ------------------------------------------------------------------------------------------ runners.connect
 # Ray's two messages when its proxy's server for a client died at its start (ray-project/ray#63202), as our
 # multi-host client-mode test received them from Ray 2.60 (tests/test_multihost.py).
-DIED_AT_START = ["Initialization failure from server:\nRuntimeError: Starting Ray client server failed. "
-                 "See ray_client_server_23000.err for detailed logs.",
-                 "Initialization failure from server:\npsutil.ZombieProcess: PID still exists but it's a zombie "
-                 "(pid=26696)"]
+DIED_AT_START = [("Initialization failure from server:\nRuntimeError: Starting Ray client server failed. "
+                  "See ray_client_server_23000.err for detailed logs."),
+                 ("Initialization failure from server:\npsutil.ZombieProcess: PID still exists but it's a zombie "
+                  "(pid=26696)")]
 
 
 def failing_init(monkeypatch, errors: list[Exception]) -> list[str]:
