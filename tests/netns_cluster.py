@@ -46,10 +46,6 @@ def sh(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
-def free_port(host: str) -> int:
-    return free_ports(host, 1)[0]
-
-
 def free_ports(host: str, n: int) -> list[int]:
     """n distinct free ports: each socket is held until all are picked (picked one at a time, the kernel may hand
     the same port out twice, and Ray refuses a port given to two of its components)."""

@@ -17,11 +17,12 @@ import urllib.request
 
 import pytest
 from core_fixtures import build
-from netns_cluster import BIN, can_build, free_port, network, ray_cluster
+from netns_cluster import BIN, can_build, network, ray_cluster
 from ray_fixtures import kill_tagged, new_tag
 from test_deploy_e2e import healthy, start, stop
 from test_multihost import counts, driver_env, quiet, s3, sidecar_ops  # noqa: F401  (s3: a fixture)
 
+from flows.server import free_port
 from tasks.demo import relpaths
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(can_build() is not None, reason=str(can_build()))]

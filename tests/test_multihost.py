@@ -20,9 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 from core_fixtures import build, read_table
 from faultproxy import FaultProxy, Hold
-from netns_cluster import BIN, can_build, free_port, network, ray_cluster
+from netns_cluster import BIN, can_build, network, ray_cluster
 from ray_fixtures import TAG, kill_tagged, new_tag, tagged
 
+from flows.server import free_port
 from tasks import storage
 from tasks.demo import relpaths
 
